@@ -1,0 +1,1 @@
+"""optax_gqc: gradient-quality control as Optax transformations."""
