@@ -1,0 +1,333 @@
+"""Gated gradient accumulation: the engine behind every optax_gqc wrapper.
+
+One microbatch gradient comes in per call of ``update``. The engine adds it to
+a float32 accumulator, refreshes a few scalar statistics, asks a gate whether
+the mean gradient is good enough, and only then runs the inner optimizer on
+that mean. The whole decision is one ``jax.lax.cond`` on device.
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_gqc import _checks
+
+
+class DrawStats(NamedTuple):
+  """The running scalars a gate decides from, after the latest microbatch.
+
+  All fields are 0-d arrays; norms are global L2 norms over the whole pytree.
+  """
+
+  num_draws: jax.Array  # int32: microbatches in the current accumulation (n >= 1).
+  num_batches: jax.Array  # int32: microbatches accepted before this one (t).
+  grad_norm: jax.Array  # float32: ||g_i|| of the latest microbatch.
+  acc_norm: jax.Array  # float32: ||gbar||, the norm of the mean gradient.
+  sum_sq_norms: jax.Array  # float32: sum_i ||g_i||^2 over the accumulation.
+  sum_norms: jax.Array  # float32: sum_i ||g_i|| over the accumulation.
+
+
+class Gate(NamedTuple):
+  """A decision rule: when is the accumulated mean gradient good enough?
+
+  Attributes:
+    init: ``() -> gate_state``, a pytree of scalars fixed at ``init``. By
+      convention a dict whose entries include the gate's current
+      hyperparameters (e.g. ``threshold``), so :func:`statistics` reports them.
+    update: ``(stats, gate_state, **extra_args) -> (step, gate_state)`` with
+      ``stats`` a :class:`DrawStats` and ``step`` a boolean scalar.
+  """
+
+  init: Callable[[], Any]
+  update: Callable[..., tuple[jax.Array, Any]]
+
+
+class AccumulateState(NamedTuple):
+  """State of :func:`accumulate`. Every field has its final shape from ``init``."""
+
+  num_draws: jax.Array  # int32: microbatches accumulated since the last step.
+  num_batches: jax.Array  # int32: microbatches accepted over the whole run.
+  num_steps: jax.Array  # int32: inner optimizer steps taken.
+  num_skipped: jax.Array  # int32: microbatches rejected for a non-finite norm.
+  last_num_draws: jax.Array  # int32: microbatches averaged at the last step.
+  last_grad_norm: jax.Array  # float32: ||gbar|| at the last step.
+  sum_sq_norms: jax.Array  # float32: sum_i ||g_i||^2 over the accumulation.
+  sum_norms: jax.Array  # float32: sum_i ||g_i|| over the accumulation.
+  acc_norm: jax.Array  # float32: ||gbar|| after the latest microbatch.
+  gate_state: Any  # the gate's own scalars.
+  inner_state: Any  # the inner optimizer's state, touched only on steps.
+  # Sum of the current accumulation's gradients. Not zeroed on a step: the
+  # next microbatch ignores it when num_draws == 0, which saves a pass.
+  accumulator: Any
+
+
+def _sq_norm(tree: Any) -> jax.Array:
+  """Squared global L2 norm, summed in float32 whatever the leaves' dtype."""
+  leaves = jax.tree.leaves(tree)
+  return sum(
+      (jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves),
+      start=jnp.zeros([], jnp.float32),
+  )
+
+
+def _check_like_params(updates: Any, accumulator: Any) -> None:
+  """Raises at trace time if the gradients do not match the params from init."""
+  if jax.tree.structure(updates) != jax.tree.structure(accumulator):
+    raise ValueError(
+        'accumulate: the gradient tree does not match the params given to init: '
+        f'{jax.tree.structure(updates)} vs {jax.tree.structure(accumulator)}'
+    )
+  for path, g, a in zip(
+      jax.tree_util.tree_leaves_with_path(updates),
+      jax.tree.leaves(updates),
+      jax.tree.leaves(accumulator),
+      strict=True,
+  ):
+    if g.shape != a.shape:
+      raise ValueError(
+          f'accumulate: gradient {jax.tree_util.keystr(path[0])} has shape '
+          f'{g.shape}, but the params given to init had {a.shape}'
+      )
+
+
+def accumulate(
+    inner: optax.GradientTransformation,
+    gate: Gate,
+    *,
+    max_draws: int = 64,
+    microbatch_size: int | None = None,
+    accumulator_dtype: Any = None,
+    skip_nonfinite: bool = True,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Accumulates microbatch gradients until ``gate`` opens, then steps ``inner``.
+
+  Call ``update`` once per microbatch gradient :math:`g_i`. With :math:`n` the
+  number of microbatches accumulated since the last step,
+
+  .. math::
+
+    \bar g = \frac{1}{n} \sum_{i=1}^{n} g_i, \qquad
+    \text{step} = \text{gate}(\text{stats}) \lor n \ge \text{max\_draws}.
+
+  On a step, ``inner.update`` runs on :math:`\bar g` (cast to the gradients'
+  dtype) and its updates are returned; otherwise the updates are zeros and the
+  inner state is left untouched. The choice is a single ``jax.lax.cond``, so
+  the inner optimizer runs only on the microbatches that step, and nothing is
+  read back to the host.
+
+  The gate sees a :class:`DrawStats` of running scalars (:math:`n`, the
+  microbatch count :math:`t`, :math:`\|g_i\|`, :math:`\|\bar g\|`,
+  :math:`\sum_i \|g_i\|^2`, :math:`\sum_i \|g_i\|`), so memory stays at one
+  accumulator whatever the gate. Hyperparameter schedules are functions of
+  :math:`t`, the number of microbatches accepted before the current one.
+
+  A microbatch whose squared norm is not finite (it holds a NaN or an Inf, or
+  its float32 squared norm overflows) is rejected when ``skip_nonfinite``: the
+  accumulator, the counters and the gate state stay as they were, and
+  ``num_skipped`` counts it.
+
+  Args:
+    inner: the optimizer that steps on the mean gradient.
+    gate: the decision rule, e.g. :func:`optax_gqc.gates.norm_below`.
+    max_draws: the most microbatches accumulated before a step is forced. It
+      may be traced, so ``optax.inject_hyperparams`` can change it mid-run.
+    microbatch_size: examples per microbatch; used to report the noise scale
+      in examples. Optional.
+    accumulator_dtype: dtype of the accumulator; None means float32, also
+      for bf16 gradients. (None rather than ``jnp.float32`` as the default, because
+      ``optax.inject_hyperparams`` would take a dtype, a callable, for a schedule.)
+    skip_nonfinite: reject microbatches with a non-finite gradient norm.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`. Extra keyword arguments
+    of ``update`` (such as ``value=loss``) reach both the gate and ``inner``.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, optax_gqc
+    >>> tx = optax_gqc.accumulate(
+    ...     optax.sgd(0.1), optax_gqc.gates.norm_below(1.0), max_draws=4)
+    >>> params = {'w': jnp.zeros(3)}
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update({'w': jnp.full(3, 2.0)}, state)
+    >>> int(state.num_draws), int(state.num_steps)  # ||g|| = 3.46 > 1: wait
+    (1, 0)
+    >>> updates, state = tx.update({'w': jnp.full(3, -1.5)}, state)
+    >>> int(state.num_draws), int(state.num_steps)  # ||mean|| = 0.43: step
+    (0, 1)
+  """
+  if not isinstance(gate, Gate):
+    if callable(gate):
+      raise TypeError(
+          'gate must be an optax_gqc.gates.Gate (init, update); wrap a plain '
+          'function of DrawStats with optax_gqc.gates.from_function'
+      )
+    raise TypeError(f'gate must be an optax_gqc.gates.Gate, got {type(gate).__name__}')
+  _checks.check_positive_int('max_draws', max_draws)
+  if microbatch_size is not None:
+    _checks.check_positive_int('microbatch_size', microbatch_size)
+  if accumulator_dtype is None:
+    accumulator_dtype = jnp.float32
+  inner = optax.with_extra_args_support(inner)
+
+  def init_fn(params):
+    # A separate array per field: a donated state must not hold one buffer twice.
+    def zero_i():
+      return jnp.zeros([], jnp.int32)
+
+    def zero_f():
+      return jnp.zeros([], jnp.float32)
+
+    return AccumulateState(
+        num_draws=zero_i(),
+        num_batches=zero_i(),
+        num_steps=zero_i(),
+        num_skipped=zero_i(),
+        last_num_draws=zero_i(),
+        last_grad_norm=zero_f(),
+        sum_sq_norms=zero_f(),
+        sum_norms=zero_f(),
+        acc_norm=zero_f(),
+        gate_state=gate.init(),
+        inner_state=inner.init(params),
+        accumulator=optax.tree.zeros_like(params, dtype=accumulator_dtype),
+    )
+
+  def update_fn(updates, state, params=None, **extra_args):
+    _check_like_params(updates, state.accumulator)
+    grad_sq = _sq_norm(updates)
+    ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
+    fresh = state.num_draws == 0
+    n = state.num_draws + 1
+
+    # The new running sum goes straight into the (donated) accumulator, before
+    # the cond: XLA writes it in place and the norm below reads it with no
+    # temporary. A stale accumulator (num_draws == 0) is overwritten, never
+    # zeroed; a rejected microbatch leaves it as it was.
+    def add(acc, g):
+      g = g.astype(acc.dtype)
+      return jnp.where(ok, jnp.where(fresh, g, acc + g), acc)
+
+    accumulator = jax.tree.map(add, state.accumulator, updates)
+    acc_norm = jnp.sqrt(_sq_norm(accumulator)) / n
+    grad_norm = jnp.sqrt(grad_sq)
+    keep = jnp.where(fresh, 0.0, 1.0)
+    stats = DrawStats(
+        num_draws=n,
+        num_batches=state.num_batches,
+        grad_norm=grad_norm,
+        acc_norm=acc_norm,
+        sum_sq_norms=keep * state.sum_sq_norms + grad_sq,
+        sum_norms=keep * state.sum_norms + grad_norm,
+    )
+    gate_step, gate_state = gate.update(stats, state.gate_state, **extra_args)
+    step = ok & (gate_step | (n >= max_draws))
+
+    grad_dtypes = jax.tree.map(lambda g: g.dtype, updates)
+    out_shape, _ = jax.eval_shape(
+        functools.partial(_inner_update, inner, extra_args),
+        updates, state.inner_state, params,
+    )
+
+    # The large buffers are operands, not closures: the step branch only reads
+    # the accumulator and updates the inner state in place; the other branch
+    # passes the inner state through unread. So XLA copies nothing.
+    def do_step(accumulator, inner_state, params):
+      mean = jax.tree.map(lambda acc, dt: (acc / n).astype(dt), accumulator, grad_dtypes)
+      return _inner_update(inner, extra_args, mean, inner_state, params)
+
+    def do_accumulate(accumulator, inner_state, params):
+      del accumulator, params
+      return optax.tree.zeros_like(out_shape), inner_state
+
+    new_updates, inner_state = jax.lax.cond(
+        step, do_step, do_accumulate, accumulator, state.inner_state, params
+    )
+
+    def pick(on_step, on_accumulate, on_reject):
+      return jnp.where(step, on_step, jnp.where(ok, on_accumulate, on_reject))
+
+    zero_f = jnp.zeros([], jnp.float32)
+    new_state = AccumulateState(
+        num_draws=pick(0, n, state.num_draws),
+        num_batches=pick(state.num_batches + 1, state.num_batches + 1, state.num_batches),
+        num_steps=pick(state.num_steps + 1, state.num_steps, state.num_steps),
+        num_skipped=state.num_skipped + jnp.where(ok, 0, 1),
+        last_num_draws=pick(n, state.last_num_draws, state.last_num_draws),
+        last_grad_norm=pick(acc_norm, state.last_grad_norm, state.last_grad_norm),
+        sum_sq_norms=pick(zero_f, stats.sum_sq_norms, state.sum_sq_norms),
+        sum_norms=pick(zero_f, stats.sum_norms, state.sum_norms),
+        acc_norm=pick(acc_norm, acc_norm, state.acc_norm),
+        gate_state=optax.tree.where(ok, gate_state, state.gate_state),
+        inner_state=inner_state,
+        accumulator=accumulator,
+    )
+    return new_updates, new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _inner_update(inner, extra_args, updates, inner_state, params):
+  return inner.update(updates, inner_state, params, **extra_args)
+
+
+def _is_variable(x: Any) -> bool:
+  # Flax NNX keeps optimizer state leaves in Variables (nnx.Optimizer.opt_state).
+  return hasattr(x, 'get_value') and not isinstance(x, jax.Array)
+
+
+def _flat_gate_stats(gate_state: Any, out: dict[str, jax.Array]) -> None:
+  if isinstance(gate_state, dict):
+    for key, value in gate_state.items():
+      name, i = key, 1
+      while name in out:
+        name, i = f'{key}_{i}', i + 1
+      out[name] = value
+  elif isinstance(gate_state, tuple | list):
+    for sub in gate_state:
+      _flat_gate_stats(sub, out)
+
+
+def statistics(state: Any) -> dict[str, jax.Array]:
+  """Returns the accumulation statistics of an optimizer state, for logging.
+
+  Finds the :class:`AccumulateState` wherever it sits in a nested optimizer
+  state (inside ``optax.chain``, ``optax.inject_hyperparams``, or the
+  ``opt_state`` of a Flax ``nnx.Optimizer``); with several, the first one in
+  traversal order. Works under ``jax.jit``.
+
+  Args:
+    state: an optimizer state that contains an accumulation state.
+
+  Returns:
+    A dict of 0-d arrays: ``num_draws``, ``num_batches``, ``num_steps``,
+    ``num_skipped``, ``last_num_draws``, ``last_grad_norm``, ``acc_norm`` (the
+    norm of the current mean gradient), and the gate's current
+    hyperparameters (e.g. ``threshold``). A gate entry whose name is taken
+    gets a suffix ``_1``, ``_2``, ...
+
+  Raises:
+    ValueError: if ``state`` holds no accumulation state.
+  """
+  found = [
+      s
+      for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, AccumulateState))
+      if isinstance(s, AccumulateState)
+  ]
+  if not found:
+    raise ValueError('statistics: the optimizer state holds no accumulation state')
+  s = jax.tree.map(
+      lambda x: x.get_value() if _is_variable(x) else x, found[0], is_leaf=_is_variable
+  )
+  out = {
+      name: getattr(s, name)
+      for name in (
+          'num_draws', 'num_batches', 'num_steps', 'num_skipped',
+          'last_num_draws', 'last_grad_norm', 'acc_norm',
+      )
+  }
+  _flat_gate_stats(s.gate_state, out)
+  return out

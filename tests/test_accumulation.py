@@ -1,0 +1,356 @@
+"""Tests of the accumulation engine, its statistics and its argument checks."""
+
+import functools
+from typing import NamedTuple
+
+import chex
+import hypothesis
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import strategies as st
+
+import optax_gqc
+from optax_gqc import gates
+
+PARAMS = {'w': jnp.arange(12.0).reshape(3, 4) / 10, 'b': jnp.ones(4)}
+
+
+def grad_stream(num, seed=0, scale=1.0, params=PARAMS):
+  """Random microbatch gradients shaped like ``params``."""
+  keys = jax.random.split(jax.random.key(seed), num)
+  return [
+      jax.tree.map(lambda p, k=k: scale * jax.random.normal(k, p.shape, p.dtype), params)
+      for k in keys
+  ]
+
+
+def run(tx, grads, params=PARAMS, apply=True, **extra_args):
+  """Runs ``tx`` under jit over ``grads``; returns per-call updates, states, params."""
+  update = jax.jit(tx.update)
+  state = tx.init(params)
+  out = []
+  for g in grads:
+    updates, state = update(g, state, params, **extra_args)
+    if apply:
+      params = optax.apply_updates(params, updates)
+    out.append((updates, state, params))
+  return out
+
+
+class Recording(NamedTuple):
+  count: jax.Array  # int32: inner updates taken.
+
+
+def identity_inner():
+  """An inner optimizer that returns what it is given and counts its calls."""
+  return optax.GradientTransformation(
+      lambda params: Recording(jnp.zeros([], jnp.int32)),
+      lambda updates, state, params=None: (updates, Recording(state.count + 1)),
+  )
+
+
+def test_gnts_with_infinite_threshold_is_the_inner_optimizer():
+  grads = grad_stream(10)
+  inner = optax.adamw(1e-2)
+  ours = run(optax_gqc.gnts(inner, threshold=float('inf')), grads)
+  plain = run(inner, grads)
+  # Same arithmetic; the two programs may differ by XLA's choice of fusion
+  # (fused multiply-adds), i.e. by float32 round-off.
+  for (u, s, p), (u_ref, s_ref, p_ref) in zip(ours, plain, strict=True):
+    chex.assert_trees_all_close(u, u_ref, rtol=1e-6, atol=1e-9)
+    chex.assert_trees_all_close(p, p_ref, rtol=1e-6, atol=1e-9)
+    chex.assert_trees_all_close(s.inner_state, s_ref, rtol=1e-6, atol=1e-9)
+  assert int(ours[-1][1].num_steps) == 10
+
+
+@pytest.mark.parametrize(
+    'inner',
+    [
+        optax.adam(1e-2),
+        optax.sgd(1e-2, momentum=0.9),
+        optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(1e-2)),
+    ],
+    ids=['adam', 'sgd_momentum', 'clip_adamw'],
+)
+def test_sbc_with_constant_batch_matches_multisteps(inner):
+  k, size = 4, 16
+  grads = grad_stream(23, seed=1)
+  ours = run(optax_gqc.sbc(inner, logical_batch_size=k * size, microbatch_size=size), grads)
+  multi = optax.MultiSteps(inner, k)
+  ref = run(optax.GradientTransformation(multi.init, multi.update), grads)
+  for i, ((u, s, p), (u_ref, _, p_ref)) in enumerate(zip(ours, ref, strict=True)):
+    chex.assert_trees_all_close(u, u_ref, atol=1e-6, rtol=1e-6)
+    chex.assert_trees_all_close(p, p_ref, atol=1e-6, rtol=1e-6)
+    assert int(s.num_steps) == (i + 1) // k
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(
+    scales=hnp.arrays(np.float32, st.integers(1, 30), elements=st.sampled_from(
+        [0.01, 0.1, 0.5, 1.0, 3.0, np.nan])),
+    threshold=st.floats(0.0, 2.0),
+    max_draws=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_property_draws_bounded_inner_runs_only_on_steps_and_sees_the_mean(
+    scales, threshold, max_draws, seed
+):
+  params = {'a': jnp.zeros(5), 'b': jnp.zeros((2, 3))}
+  directions = grad_stream(len(scales), seed=seed, params=params)
+  grads = [jax.tree.map(lambda d, s=s: s * d, g) for g, s in zip(directions, scales, strict=True)]
+  tx = optax_gqc.gnts(identity_inner(), threshold=threshold, max_draws=max_draws)
+  pending = []  # accepted microbatches since the last step
+  prev_count = 0
+  for g, (updates, state, _) in zip(grads, run(tx, grads, params, apply=False), strict=True):
+    finite = all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(g))
+    if finite:
+      pending.append(g)
+    assert 0 <= int(state.num_draws) < max_draws
+    count = int(state.inner_state.count)
+    stepped = count == prev_count + 1
+    assert count in (prev_count, prev_count + 1)  # inner state moves only on steps
+    if stepped:
+      mean = jax.tree.map(lambda *xs: np.mean(np.stack(xs), axis=0), *pending)
+      chex.assert_trees_all_close(updates, mean, rtol=1e-5, atol=1e-6)
+      assert int(state.last_num_draws) == len(pending) <= max_draws
+      pending = []
+    else:
+      chex.assert_trees_all_equal(updates, optax.tree.zeros_like(g))
+      assert int(state.num_draws) == len(pending)
+    prev_count = count
+  assert int(state.num_skipped) == int(np.sum(np.isnan(scales)))
+
+
+def test_rejects_nonfinite_microbatch_and_keeps_everything():
+  tx = optax_gqc.gnts(optax.sgd(1.0), threshold=0.0, max_draws=3)
+  g0, g1 = grad_stream(2)
+  bad = jax.tree.map(lambda x: x.at[0].set(jnp.nan), g1)
+  (_, s0, _), (u1, s1, _) = run(tx, [g0, bad], apply=False)
+  chex.assert_trees_all_equal(u1, optax.tree.zeros_like(g1))
+  for field in ('num_draws', 'num_batches', 'num_steps', 'sum_sq_norms', 'acc_norm'):
+    assert getattr(s1, field) == getattr(s0, field), field
+  chex.assert_trees_all_equal(s1.accumulator, s0.accumulator)
+  assert int(s1.num_skipped) == 1
+
+
+def test_skip_nonfinite_off_lets_nan_through():
+  tx = optax_gqc.gnts(optax.sgd(1.0), threshold=0.0, max_draws=2, skip_nonfinite=False)
+  g0, g1 = grad_stream(2)
+  bad = jax.tree.map(lambda x: x.at[0].set(jnp.nan), g1)
+  (_, _, _), (u1, s1, _) = run(tx, [g0, bad], apply=False)
+  assert int(s1.num_steps) == 1 and int(s1.num_skipped) == 0
+  assert np.isnan(np.asarray(u1['w'])).any()
+
+
+def test_max_draws_forces_a_step_and_the_mean_is_of_all_draws():
+  tx = optax_gqc.gnts(optax.sgd(1.0), threshold=0.0, max_draws=3)
+  grads = grad_stream(6)
+  out = run(tx, grads, apply=False)
+  assert [int(s.num_steps) for _, s, _ in out] == [0, 0, 1, 1, 1, 2]
+  mean = jax.tree.map(lambda *xs: -sum(xs) / 3, *grads[3:])
+  chex.assert_trees_all_close(out[5][0], mean, rtol=1e-6, atol=1e-7)
+  assert int(out[5][1].last_num_draws) == 3
+
+
+def test_gate_sees_running_statistics():
+  seen = []
+
+  def rule(stats):
+    jax.debug.callback(lambda *a: seen.append([np.asarray(x) for x in a]), *stats)
+    return stats.num_draws >= 3
+
+  tx = optax_gqc.accumulate(optax.sgd(1.0), gates.from_function(rule), max_draws=10)
+  grads = grad_stream(4)
+  run(tx, grads)
+  jax.effects_barrier()
+  norms = [float(optax.tree.norm(g)) for g in grads]
+  n, t, grad_norm, acc_norm, sum_sq, sum_n = zip(*seen, strict=True)
+  assert [int(x) for x in n] == [1, 2, 3, 1]
+  assert [int(x) for x in t] == [0, 1, 2, 3]
+  np.testing.assert_allclose(grad_norm, norms, rtol=1e-6)
+  np.testing.assert_allclose(sum_sq[2], sum(x**2 for x in norms[:3]), rtol=1e-6)
+  np.testing.assert_allclose(sum_n[1], norms[0] + norms[1], rtol=1e-6)
+  mean3 = optax.tree.norm(jax.tree.map(lambda *xs: sum(xs) / 3, *grads[:3]))
+  np.testing.assert_allclose(acc_norm[2], mean3, rtol=1e-6)
+  np.testing.assert_allclose(acc_norm[3], norms[3], rtol=1e-6)  # fresh accumulation
+
+
+def test_state_structure_and_dtypes_fixed_from_init():
+  tx = optax_gqc.gnts(optax.adamw(1e-3), threshold=0.5, max_draws=4)
+  state0 = tx.init(PARAMS)
+  _, state1 = jax.jit(tx.update)(grad_stream(1)[0], state0, PARAMS)
+  assert jax.tree.structure(state0) == jax.tree.structure(state1)
+  for a, b in zip(jax.tree.leaves(state0), jax.tree.leaves(state1), strict=True):
+    assert (a.shape, a.dtype) == (b.shape, b.dtype)
+
+
+def test_donated_state_and_params():
+  tx = optax_gqc.gnts(optax.adamw(1e-3), threshold=0.5, max_draws=4)
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  params = jax.tree.map(jnp.copy, PARAMS)
+  state = tx.init(params)
+  for g in grad_stream(6):
+    params, state = step(params, state, g)
+  assert int(state.num_batches) == 6
+
+
+def test_bf16_params_with_float32_accumulator():
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), PARAMS)
+  grads = grad_stream(8, params=params)
+  tx = optax_gqc.gnts(optax.adam(1e-2), threshold=0.0, max_draws=4)
+  out = run(tx, grads, params)
+  state = out[-1][1]
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.accumulator))
+  assert all(u.dtype == jnp.bfloat16 for u in jax.tree.leaves(out[3][0]))
+  ref = run(optax.adam(1e-2), [jax.tree.map(lambda *xs: (sum(
+      x.astype(jnp.float32) for x in xs) / 4).astype(jnp.bfloat16), *grads[i:i + 4])
+      for i in (0, 4)], params)
+  chex.assert_trees_all_close(out[-1][2], ref[-1][2], rtol=1e-2)
+
+
+def test_inside_chain_and_statistics():
+  tx = optax.chain(
+      optax.clip_by_global_norm(10.0),
+      optax_gqc.gnts(optax.sgd(0.1), threshold=0.3, max_draws=5),
+  )
+  out = run(tx, grad_stream(7))
+  stats = jax.jit(optax_gqc.statistics)(out[-1][1])
+  assert set(stats) == {
+      'num_draws', 'num_batches', 'num_steps', 'num_skipped',
+      'last_num_draws', 'last_grad_norm', 'acc_norm', 'threshold',
+  }
+  assert int(stats['num_batches']) == 7
+  assert float(stats['threshold']) == pytest.approx(0.3)
+  engine = out[-1][1][1]
+  assert float(stats['acc_norm']) == float(engine.acc_norm)
+
+
+def test_statistics_reports_gate_hyperparameters_by_schedule():
+  tx = optax_gqc.gnts(optax.sgd(0.1), threshold=lambda t: 1.0 / (t + 1), max_draws=5)
+  out = run(tx, grad_stream(4))
+  thresholds = [float(optax_gqc.statistics(s)['threshold']) for _, s, _ in out]
+  np.testing.assert_allclose(thresholds, [1.0, 1 / 2, 1 / 3, 1 / 4], rtol=1e-6)
+
+
+def test_statistics_needs_an_accumulation_state():
+  with pytest.raises(ValueError, match='no accumulation state'):
+    optax_gqc.statistics(optax.adam(1e-3).init(PARAMS))
+
+
+def test_threshold_injected_by_inject_hyperparams():
+  tx = optax.inject_hyperparams(optax_gqc.gnts)(optax.sgd(1.0), threshold=0.0, max_draws=50)
+  update = jax.jit(tx.update)
+  state = tx.init(PARAMS)
+  g = grad_stream(1)[0]
+  _, state = update(g, state, PARAMS)
+  assert int(optax_gqc.statistics(state)['num_steps']) == 0
+  state.hyperparams['threshold'] = jnp.asarray(1e6)
+  _, state = update(g, state, PARAMS)
+  stats = optax_gqc.statistics(state)
+  assert int(stats['num_steps']) == 1 and int(stats['last_num_draws']) == 2
+  assert float(stats['threshold']) == 1e6
+
+
+def test_max_draws_injected_and_changed_mid_run():
+  tx = optax.inject_hyperparams(optax_gqc.gnts)(optax.sgd(1.0), threshold=0.0, max_draws=4)
+  update = jax.jit(tx.update)
+  state = tx.init(PARAMS)
+  assert state.hyperparams['max_draws'].dtype == jnp.int32
+  g = grad_stream(1)[0]
+  _, state = update(g, state, PARAMS)
+  state.hyperparams['max_draws'] = jnp.asarray(2, jnp.int32)
+  _, state = update(g, state, PARAMS)
+  assert int(optax_gqc.statistics(state)['last_num_draws']) == 2
+
+
+def test_flax_nnx_optimizer_under_nnx_jit():
+  from flax import nnx
+
+  model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+  optimizer = nnx.Optimizer(
+      model, optax_gqc.gnts(optax.adam(1e-2), threshold=0.0, max_draws=3), wrt=nnx.Param
+  )
+  kernel0 = np.asarray(model.kernel[...])
+
+  @nnx.jit
+  def train_step(model, optimizer, x):
+    grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model)
+    optimizer.update(model, grads)
+
+  for i in range(2):
+    train_step(model, optimizer, jnp.ones((4, 3)) * (i + 1))
+  np.testing.assert_array_equal(model.kernel[...], kernel0)  # still accumulating
+  train_step(model, optimizer, jnp.ones((4, 3)))
+  assert not np.allclose(model.kernel[...], kernel0)
+  stats = optax_gqc.statistics(optimizer.opt_state)
+  assert int(stats['num_steps']) == 1 and int(stats['last_num_draws']) == 3
+  assert int(optimizer.step[...]) == 3  # nnx.Optimizer counts microbatches
+
+
+def test_any_of_and_all_of():
+  many = gates.batch_size_at_least(3, 1)
+  short = gates.norm_below(0.5)
+  g = grad_stream(3)
+  any_tx = optax_gqc.accumulate(optax.sgd(1.0), gates.any_of(many, short), max_draws=10)
+  all_tx = optax_gqc.accumulate(optax.sgd(1.0), gates.all_of(many, short), max_draws=10)
+  assert [int(s.num_steps) for _, s, _ in run(any_tx, g)] == [0, 0, 1]
+  assert [int(s.num_steps) for _, s, _ in run(all_tx, g)] == [0, 0, 0]
+  small = [jax.tree.map(lambda x: 1e-3 * x, x) for x in g]
+  assert [int(s.num_steps) for _, s, _ in run(any_tx, small)] == [1, 2, 3]
+  assert [int(s.num_steps) for _, s, _ in run(all_tx, small)] == [0, 0, 1]
+  stats = optax_gqc.statistics(run(any_tx, g)[-1][1])
+  assert float(stats['logical_batch_size']) == 3.0 and float(stats['threshold']) == 0.5
+
+
+def test_same_gate_twice_gets_suffixed_statistics():
+  tx = optax_gqc.accumulate(
+      optax.sgd(1.0), gates.any_of(gates.norm_below(0.1), gates.norm_below(0.2)))
+  stats = optax_gqc.statistics(tx.init(PARAMS))
+  assert float(stats['threshold']) == pytest.approx(0.1)
+  assert float(stats['threshold_1']) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    'make, error, match',
+    [
+        (lambda: optax_gqc.gnts(optax.sgd(1.0), 0.1, max_draws=0), ValueError, 'max_draws'),
+        (lambda: optax_gqc.gnts(optax.sgd(1.0), 0.1, max_draws=2.5), TypeError, 'max_draws'),
+        (lambda: optax_gqc.gnts(optax.sgd(1.0), 0.1, max_draws=jnp.asarray(0)), ValueError,
+         'max_draws'),
+        (lambda: optax_gqc.gnts(optax.sgd(1.0), -0.1), ValueError, 'threshold'),
+        (lambda: optax_gqc.gnts(optax.sgd(1.0), float('nan')), ValueError, 'threshold'),
+        (lambda: optax_gqc.gnts(optax.sgd(1.0), 'high'), TypeError, 'threshold'),
+        (lambda: optax_gqc.gnts(optax.sgd(1.0), 0.1, microbatch_size=0), ValueError,
+         'microbatch_size'),
+        (lambda: optax_gqc.sbc(optax.sgd(1.0), -8, 4), ValueError, 'logical_batch_size'),
+        (lambda: optax_gqc.sbc(optax.sgd(1.0), 8, 0), ValueError, 'microbatch_size'),
+        (lambda: optax_gqc.scale_to_norm(float('nan')), ValueError, 'target'),
+        (lambda: optax_gqc.gnr(optax.sgd(1.0), -1.0), ValueError, 'target'),
+        (lambda: optax_gqc.accumulate(optax.sgd(1.0), 'norm'), TypeError, 'gate'),
+        (lambda: optax_gqc.accumulate(optax.sgd(1.0), lambda s: True), TypeError, 'from_function'),
+        (lambda: gates.any_of(), ValueError, 'at least one'),
+        (lambda: gates.all_of(gates.norm_below(1.0), 3), TypeError, 'Gates'),
+        (lambda: gates.from_function(3), TypeError, 'callable'),
+    ],
+)
+def test_bad_arguments_raise_at_construction(make, error, match):
+  with pytest.raises(error, match=match):
+    make()
+
+
+def test_gradients_unlike_params_raise_at_first_trace():
+  tx = optax_gqc.gnts(optax.sgd(1.0), 0.1)
+  state = tx.init(PARAMS)
+  with pytest.raises(ValueError, match='does not match the params'):
+    jax.jit(tx.update)({'w': PARAMS['w']}, state)
+  with pytest.raises(ValueError, match=r"\['b'\] has shape \(5,\)"):
+    jax.jit(tx.update)({'w': PARAMS['w'], 'b': jnp.ones(5)}, state)

@@ -1,0 +1,56 @@
+"""Tests of scale_to_norm / gnr (GNTS and SBC are tested with the engine)."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import optax_gqc
+
+
+def grads(num, dtype=jnp.float32):
+  keys = jax.random.split(jax.random.key(3), num)
+  return [{'a': jax.random.normal(k, (4, 3)).astype(dtype), 'b': jnp.arange(3.0).astype(dtype)}
+          for k in keys]
+
+
+def test_scale_to_norm_hits_a_scheduled_target():
+  tx = optax_gqc.scale_to_norm(lambda t: 1.0 + t)
+  update = jax.jit(tx.update)
+  state = tx.init(grads(1)[0])
+  for t, g in enumerate(grads(4)):
+    updates, state = update(g, state)
+    assert float(optax.tree.norm(updates)) == pytest.approx(1.0 + t, rel=1e-6)
+    scale = (1.0 + t) / optax.tree.norm(g)
+    chex.assert_trees_all_close(updates, optax.tree.scale(scale, g), rtol=1e-6)  # same direction
+    assert float(state.grad_norm) == pytest.approx(float(optax.tree.norm(g)), rel=1e-6)
+    assert float(state.target) == 1.0 + t
+
+
+def test_scale_to_norm_of_zero_gradient_is_zero():
+  tx = optax_gqc.scale_to_norm(3.0)
+  zero = jax.tree.map(jnp.zeros_like, grads(1)[0])
+  updates, _ = jax.jit(tx.update)(zero, tx.init(zero))
+  assert all(np.all(np.asarray(u) == 0) for u in jax.tree.leaves(updates))
+
+
+def test_scale_to_norm_keeps_bf16():
+  g = grads(1, jnp.bfloat16)[0]
+  tx = optax_gqc.scale_to_norm(1.0)
+  updates, _ = jax.jit(tx.update)(g, tx.init(g))
+  assert all(u.dtype == jnp.bfloat16 for u in jax.tree.leaves(updates))
+  assert float(optax.tree.norm(updates)) == pytest.approx(1.0, rel=1e-2)
+
+
+def test_gnr_is_adam_on_rescaled_gradients():
+  stream = grads(5)
+  params = jax.tree.map(jnp.zeros_like, stream[0])
+  tx = optax_gqc.gnr(optax.adam(1e-2), target=0.5)
+  ref = optax.adam(1e-2)
+  s, s_ref = tx.init(params), ref.init(params)
+  for g in stream:
+    u, s = jax.jit(tx.update)(g, s, params)
+    u_ref, s_ref = ref.update(optax.tree.scale(0.5 / optax.tree.norm(g), g), s_ref)
+    chex.assert_trees_all_close(u, u_ref, rtol=1e-5, atol=1e-8)
