@@ -21,37 +21,14 @@ cycle of ``every`` calls holds one step. Two floors:
 
 import argparse
 import json
-import statistics as stats
-import time
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
+from _common import make_grads, make_params, measure, optimizer_step
 
 import optax_gqc
-
-
-def make_params(total: int) -> dict[str, jax.Array]:
-  """Four square-ish matrices and their biases, ``total`` floats in all."""
-  width = int((total / 4) ** 0.5)
-  keys = jax.random.split(jax.random.key(0), 4)
-  return {
-      f'layer{i}': {
-          'w': jax.random.normal(k, (width, width), jnp.float32) * 0.02,
-          'b': jnp.zeros((width,), jnp.float32),
-      }
-      for i, k in enumerate(keys)
-  }
-
-
-def optimizer_step(tx: optax.GradientTransformation) -> Callable:
-  def step(params, state, grads):
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state
-
-  return step
 
 
 def _accumulate_and_norm(state, grads, every):
@@ -95,49 +72,14 @@ def floor_transformation(every: int) -> optax.GradientTransformation:
 
 def candidates(every: int) -> dict[str, tuple[Callable, Callable]]:
   adamw = optax.adamw(1e-3)
-  gnts = optax_gqc.gnts(adamw, threshold=0.0, max_draws=every)
-  multi = optax.MultiSteps(adamw, every)
-  floor = floor_transformation(every)
   return {
-      'floor (accumulate+norm+reset, as Optax)': (floor.init, optimizer_step(floor)),
-      f'optax_gqc.gnts(adamw, 0.0, max_draws={every})': (gnts.init, optimizer_step(gnts)),
-      f'optax.MultiSteps(adamw, {every})': (multi.init, optimizer_step(multi)),
-      'optax.adamw (steps every microbatch)': (adamw.init, optimizer_step(adamw)),
+      'floor (accumulate+norm+reset, as Optax)': optimizer_step(floor_transformation(every)),
+      f'optax_gqc.gnts(adamw, 0.0, max_draws={every})': optimizer_step(
+          optax_gqc.gnts(adamw, threshold=0.0, max_draws=every)),
+      f'optax.MultiSteps(adamw, {every})': optimizer_step(
+          optax.MultiSteps(adamw, every).gradient_transformation()),
+      'optax.adamw (steps every microbatch)': optimizer_step(adamw),
       'raw floor (state only, nothing applied)': raw_floor_step(every),
-  }
-
-
-def measure(
-    cands: dict[str, tuple[Callable, Callable]],
-    params: Any,
-    grads: list[Any],
-    every: int,
-    rounds: int,
-    cycles: int,
-) -> dict[str, dict[str, float]]:
-  runs = {}
-  for name, (init, step) in cands.items():
-    p = jax.tree.map(jnp.copy, params)
-    s = init(p)
-    fn = jax.jit(step, donate_argnums=(0, 1))
-    compiled = fn.lower(p, s, grads[0]).compile()
-    temp = compiled.memory_analysis().temp_size_in_bytes
-    for i in range(every):  # warm up
-      p, s = compiled(p, s, grads[i % len(grads)])
-    jax.block_until_ready((p, s))
-    runs[name] = {'compiled': compiled, 'p': p, 's': s, 'times': [], 'temp': temp}
-  for _ in range(rounds):
-    for run in runs.values():
-      p, s, compiled = run['p'], run['s'], run['compiled']
-      start = time.perf_counter()
-      for i in range(cycles * every):
-        p, s = compiled(p, s, grads[i % len(grads)])
-      jax.block_until_ready((p, s))
-      run['times'].append((time.perf_counter() - start) / (cycles * every))
-      run['p'], run['s'] = p, s
-  return {
-      name: {'ms_per_microbatch': 1e3 * stats.median(r['times']), 'temp_bytes': r['temp']}
-      for name, r in runs.items()
   }
 
 
@@ -153,22 +95,20 @@ def main():
   params = make_params(args.params)
   n_params = sum(x.size for x in jax.tree.leaves(params))
   param_bytes = 4 * n_params
-  keys = jax.random.split(jax.random.key(1), 4)
-  grads = [jax.tree.map(lambda x, k=k: jax.random.normal(k, x.shape) * 1e-3, params)
-           for k in keys]
   cands = candidates(args.every)
-  results = measure(cands, params, grads, args.every, args.rounds, args.cycles)
+  results = measure(cands, params, make_grads(params), args.rounds, args.cycles * args.every,
+                    warmup=args.every)
 
   names = list(cands)
-  floor, ours, multi, adamw, raw = (results[n]['ms_per_microbatch'] for n in names)
+  floor, ours, multi, adamw, raw = (results[n]['ms'] for n in names)
   print(f'{n_params / 1e6:.2f}M float32 parameters, {jax.devices()[0].platform}, '
         f'one optimizer step every {args.every} microbatches, median of {args.rounds} rounds')
   print(f"{'candidate':48s} {'ms/microbatch':>14s} {'x floor':>8s} {'x adamw':>8s} "
         f"{'temp MiB':>9s} {'temp/params':>12s}")
   for name in names:
     r = results[name]
-    print(f"{name:48s} {r['ms_per_microbatch']:14.2f} {r['ms_per_microbatch'] / floor:8.2f} "
-          f"{r['ms_per_microbatch'] / adamw:8.2f} {r['temp_bytes'] / 2**20:9.1f} "
+    print(f"{name:48s} {r['ms']:14.2f} {r['ms'] / floor:8.2f} "
+          f"{r['ms'] / adamw:8.2f} {r['temp_bytes'] / 2**20:9.1f} "
           f"{r['temp_bytes'] / param_bytes:12.2f}")
   ours_temp = results[names[1]]['temp_bytes']
   # Reductions keep a few row partial sums (under 0.1% of the parameters);

@@ -1,0 +1,91 @@
+"""State size and per-update cost of sgd_sai against AdamW and SGD with momentum.
+
+All candidates run in one process on the same >= 5M float32 parameters, with
+parameters and optimizer state donated, interleaved in rounds; the table gives
+medians and ratios, since absolute times on a shared machine mean little.
+
+    python benchmarks/sgd_sai.py [--json out.json] [--params 5_242_880]
+
+Each timed call is one optimizer step: ``update`` plus ``optax.apply_updates``.
+The g-SNR is taken during warm-up, so the timed steps are the steady state.
+The extra row chains the momentum before the g-SNR scaling (the order of the
+paper's pseudocode); sgd_sai scales first, which gives the same update.
+"""
+
+import argparse
+import json
+
+import jax
+import optax
+from _common import make_grads, make_params, measure, optimizer_step, tree_bytes
+
+from optax_gqc import _sgd_sai
+
+
+def momentum_first(learning_rate: float) -> optax.GradientTransformation:
+  """The same update with the momentum chained before the g-SNR scaling."""
+  return optax.chain(
+      _sgd_sai._momentum(0.9),
+      _sgd_sai.scale_by_gsnr(),
+      optax.add_decayed_weights(1e-2),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+
+def candidates() -> dict[str, optax.GradientTransformation]:
+  return {
+      'optax_gqc sgd_sai(1e-3)': _sgd_sai.sgd_sai(1e-3),
+      'sgd_sai, momentum before g-SNR': momentum_first(1e-3),
+      'optax.sgd(1e-3, momentum=0.9)': optax.sgd(1e-3, momentum=0.9),
+      'optax.adamw(1e-3)': optax.adamw(1e-3),
+  }
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--params', type=int, default=5_242_880)
+  parser.add_argument('--rounds', type=int, default=9)
+  parser.add_argument('--iters', type=int, default=20)
+  parser.add_argument('--json', type=str, default=None)
+  args = parser.parse_args()
+
+  params = make_params(args.params)
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  param_bytes = tree_bytes(params)
+  cands = {name: optimizer_step(tx) for name, tx in candidates().items()}
+  results = measure(cands, params, make_grads(params), args.rounds, args.iters)
+
+  names = list(cands)
+  ours, sgd, adamw = results[names[0]], results[names[2]], results[names[3]]
+  print(f'{n_params / 1e6:.2f}M float32 parameters ({param_bytes / 2**20:.1f} MiB), '
+        f'{jax.devices()[0].platform}, median of {args.rounds} rounds of {args.iters} updates')
+  print(f"{'candidate':32s} {'state MiB':>10s} {'x adamw':>8s} {'ms/update':>10s} "
+        f"{'x sgd-m':>8s} {'x adamw':>8s} {'temp MiB':>9s}")
+  for name in names:
+    r = results[name]
+    print(f"{name:32s} {r['state_bytes'] / 2**20:10.2f} "
+          f"{r['state_bytes'] / adamw['state_bytes']:8.3f} {r['ms']:10.2f} "
+          f"{r['ms'] / sgd['ms']:8.3f} "
+          f"{r['ms'] / adamw['ms']:8.3f} {r['temp_bytes'] / 2**20:9.1f}")
+  state_ratio = ours['state_bytes'] / adamw['state_bytes']
+  time_ratio = ours['ms'] / sgd['ms']
+  ratios = {
+      'state_vs_adamw': state_ratio,
+      'time_vs_sgd_momentum': time_ratio,
+      'time_vs_adamw': ours['ms'] / adamw['ms'],
+  }
+  targets = {
+      'sgd_sai state <= 0.51x adamw': state_ratio <= 0.51,
+      'sgd_sai update time <= 1.1x sgd(momentum=0.9)': time_ratio <= 1.1,
+  }
+  for (target, ok), ratio in zip(targets.items(), (state_ratio, time_ratio), strict=True):
+    print(f"{'PASS' if ok else 'FAIL'}  {target} ({ratio:.3f})")
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump({'params': n_params, 'device': jax.devices()[0].platform,
+                 'rounds': args.rounds, 'iters': args.iters, 'results': results,
+                 'ratios': ratios, 'targets': targets}, f, indent=2)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,313 @@
+"""SGD-SaI: SGD with momentum, each leaf's step scaled once by its gradient SNR.
+
+The learning rate of every parameter leaf is scaled at initialisation by the
+gradient signal-to-noise ratio (g-SNR) of that leaf's first gradient, and the
+scale is then kept for the whole run. The optimizer state is one param-sized
+momentum buffer plus a few scalars per leaf: half the state of AdamW.
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_gqc import _checks
+
+
+class ScaleByGsnrState(NamedTuple):
+  """State of :func:`scale_by_gsnr`. Every field has its final shape from ``init``."""
+
+  # Per leaf, a bool scalar: the leaf's g-SNR has been taken (from its first
+  # non-zero updates) and is fixed from then on.
+  computed: Any
+  # Per leaf, a float32 scalar: the factor applied to the leaf's updates, its
+  # g-SNR divided by ``normalizer``; 0 until ``computed``.
+  gsnr: Any
+  # float32: what every raw g-SNR is divided by. 1 without ``normalize``; with
+  # it, 0 until the first update that takes any g-SNR, then the largest raw
+  # g-SNR taken by that update, fixed from then on.
+  normalizer: jax.Array
+
+
+class SgdSaiMomentumState(NamedTuple):
+  """State of the momentum inside :func:`sgd_sai`."""
+
+  count: jax.Array  # int32: updates seen; the first one starts the average.
+  mu: optax.Updates  # the running average of the g-SNR-scaled gradients.
+
+
+def _check_momentum(momentum: Any) -> None:
+  """Raises unless a constant ``momentum`` lies in [0, 1); traced values pass."""
+  v = _checks._concrete_float('momentum', momentum)
+  if v is not None and not 0.0 <= v < 1.0:
+    raise ValueError(f'momentum must be in [0, 1), got {v}')
+
+
+def _check_eps(eps: Any) -> None:
+  """Raises unless a constant ``eps`` is > 0; traced values pass."""
+  v = _checks._concrete_float('eps', eps)
+  if v is not None and not v > 0.0:
+    raise ValueError(f'eps must be > 0, got {v}')
+
+
+def _leaf_gsnr(u: jax.Array, eps: Any) -> tuple[jax.Array, jax.Array]:
+  """The float32 g-SNR of one leaf, and whether the leaf is non-zero.
+
+  Two passes: the mean, as the first entry plus the mean offset from it, then
+  the spread about it. A constant leaf gets its own value as the mean, hence a
+  spread of exactly zero, which marks it degenerate (g-SNR 1).
+  """
+  x = u.astype(jnp.float32).ravel()
+  norm = jnp.sqrt(jnp.sum(jnp.square(x)))
+  nonzero = norm > 0
+  if x.size < 2:  # no spread is defined for one element
+    return jnp.ones([], jnp.float32), nonzero
+  center = x[0] + jnp.mean(x - x[0])  # exactly x[0] when the entries are equal
+  std = jnp.sqrt(jnp.sum(jnp.square(x - center)) / (x.size - 1))
+  gsnr = jnp.where(std > 0, norm / (std + jnp.asarray(eps, jnp.float32)), 1.0)
+  return gsnr.astype(jnp.float32), nonzero
+
+
+def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientTransformation:
+  r"""Scales each leaf by the g-SNR of the first non-zero updates it receives.
+
+  For a leaf :math:`p` with :math:`n` entries whose updates :math:`u_p` are
+  non-zero for the first time, the gradient signal-to-noise ratio is
+
+  .. math::
+
+    \mathrm{gsnr}_p = \frac{\|u_p\|_2}{\sigma(u_p) + \epsilon}, \qquad
+    \sigma(u) = \sqrt{\frac{1}{n - 1} \sum_{i=1}^{n} (u_i - \bar u)^2},
+
+  computed in float32 whatever the leaves' dtype, stored in the state, and
+  never recomputed: from then on every update of the leaf is multiplied by it,
+  :math:`u_p \leftarrow \mathrm{gsnr}_p \, u_p`. A leaf whose updates are
+  still all zero has no g-SNR yet (its factor is 0, which changes nothing) and
+  takes it from its first non-zero updates.
+
+  Degenerate leaves get :math:`\mathrm{gsnr}_p = 1`: those with one entry (no
+  spread is defined) and those whose first non-zero updates are constant
+  (:math:`\sigma = 0`). The ratio is then undefined or infinite rather than
+  merely large, since a single number, or :math:`n` equal ones, carry no
+  measure of noise; any finite stand-in is a convention, and 1 is the neutral
+  one: the leaf takes its updates unscaled (plain SGD with momentum in
+  :func:`sgd_sai`), whatever ``eps`` and the gradient's scale. It is also the
+  smallest g-SNR of any leaf with spread, since
+  :math:`\|u\|^2 = (n - 1)\sigma^2 + n \bar u^2` gives
+  :math:`\|u\| / \sigma \ge \sqrt{n - 1} \ge 1`: a degenerate leaf never
+  steps faster than a measured one (up to ``eps``). Constancy is tested
+  exactly: the spread is taken about the leaf's first entry, so equal entries
+  give :math:`\sigma = 0` exactly, not the rounding noise of a float32 mean.
+
+  With ``normalize``, every g-SNR is divided by the largest one taken by the
+  first update that takes any (the paper's pseudocode), so the largest factor
+  is exactly 1. A leaf that takes its g-SNR later is divided by the same
+  number, so no factor changes once set (and a late one may exceed 1).
+
+  Args:
+    eps: added to :math:`\sigma` in the denominator; must be positive.
+    normalize: divide every g-SNR by the largest one.
+
+  Returns:
+    A :class:`optax.GradientTransformation`. The per-leaf factors are in the
+    state's ``gsnr`` field (``optax.tree.get(state, 'gsnr')``).
+
+  Example:
+    >>> import jax.numpy as jnp, optax_gqc
+    >>> tx = optax_gqc.scale_by_gsnr()
+    >>> state = tx.init({'w': jnp.zeros(4)})
+    >>> u, state = tx.update({'w': jnp.array([1.0, 2.0, 3.0, 4.0])}, state)
+    >>> print(f"{float(state.gsnr['w']):.4f}")  # sqrt(30) / std([1, 2, 3, 4])
+    4.2426
+    >>> u, state = tx.update({'w': jnp.array([1.0, 0.0, 0.0, 0.0])}, state)
+    >>> print(u['w'])  # scaled by the first g-SNR, not recomputed
+    [4.2426405 0.        0.        0.       ]
+
+  References:
+    Xu et al, `No More Adam: Learning Rate Scaling at Initialization is All You
+    Need <https://arxiv.org/abs/2412.11768>`_, 2024
+  """
+  _check_eps(eps)
+
+  def init_fn(params):
+    return ScaleByGsnrState(
+        computed=jax.tree.map(lambda _: jnp.zeros([], jnp.bool_), params),
+        gsnr=jax.tree.map(lambda _: jnp.zeros([], jnp.float32), params),
+        normalizer=jnp.asarray(0.0 if normalize else 1.0, jnp.float32),
+    )
+
+  def update_fn(updates, state, params=None):
+    del params
+    leaves, treedef = jax.tree.flatten(updates)
+    done = treedef.flatten_up_to(state.computed)
+    old = treedef.flatten_up_to(state.gsnr)
+
+    def keep():
+      return done, old, state.normalizer
+
+    def take():  # runs only until every leaf has its g-SNR
+      stats = [_leaf_gsnr(u, eps) for u in leaves]
+      new = [~c & nonzero for c, (_, nonzero) in zip(done, stats, strict=True)]
+      normalizer = state.normalizer
+      divisor = 1.0
+      if normalize:
+        largest = jnp.max(jnp.stack(
+            [jnp.where(n, r, 0.0) for n, (r, _) in zip(new, stats, strict=True)]))
+        normalizer = jnp.where(normalizer > 0, normalizer, largest)
+        divisor = jnp.where(normalizer > 0, normalizer, 1.0)
+      gsnr = [
+          jnp.where(n, r / divisor, g).astype(jnp.float32)
+          for n, (r, _), g in zip(new, stats, old, strict=True)
+      ]
+      computed = [c | n for c, n in zip(done, new, strict=True)]
+      return computed, gsnr, normalizer
+
+    if leaves:
+      all_done = jnp.all(jnp.stack(done))
+      done, gsnr, normalizer = jax.lax.cond(all_done, keep, take)
+    else:
+      gsnr, normalizer = old, state.normalizer
+    updates = treedef.unflatten(
+        [(s * u).astype(u.dtype) for u, s in zip(leaves, gsnr, strict=True)])
+    return updates, ScaleByGsnrState(
+        computed=treedef.unflatten(done),
+        gsnr=treedef.unflatten(gsnr),
+        normalizer=normalizer,
+    )
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _momentum(decay: Any, mu_dtype: Any | None = None) -> optax.GradientTransformation:
+  r"""Exponential moving average started at the first updates, not at zero.
+
+  :math:`m_1 = u_1`, then :math:`m_t = \mu m_{t-1} + (1 - \mu) u_t`, kept in
+  ``mu_dtype`` (by default the params' dtype).
+  """
+  mu_dtype = None if mu_dtype is None else jax.dtypes.canonicalize_dtype(mu_dtype)
+
+  def init_fn(params):
+    return SgdSaiMomentumState(
+        count=jnp.zeros([], jnp.int32),
+        mu=optax.tree.zeros_like(params, dtype=mu_dtype),
+    )
+
+  def update_fn(updates, state, params=None):
+    del params
+    first = state.count == 0
+
+    def average(u, m):
+      return jnp.where(first, u, decay * m + (1 - decay) * u).astype(m.dtype)
+
+    mu = jax.tree.map(average, updates, state.mu)
+    return mu, SgdSaiMomentumState(count=optax.safe_increment(state.count), mu=mu)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def sgd_sai(
+    learning_rate: optax.ScalarOrSchedule,
+    momentum: float = 0.9,
+    weight_decay: optax.ScalarOrSchedule = 1e-2,
+    eps: float = 1e-8,
+    *,
+    mask: Any | None = None,
+    normalize: bool = False,
+    mu_dtype: Any | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  r"""SGD with momentum whose per-leaf step sizes are set once, by the g-SNR.
+
+  SGD-SaI (SGD with learning-rate Scaling at Initialization). Each parameter
+  leaf :math:`p` gets a fixed factor :math:`s_p`, the g-SNR of its first
+  non-zero gradient (see :func:`scale_by_gsnr`), and then with learning rate
+  :math:`\eta_t`, momentum :math:`\mu` and weight decay :math:`\lambda`:
+
+  .. math::
+
+    \begin{align*}
+      m_1 &= g_1, \qquad m_t = \mu\, m_{t-1} + (1 - \mu)\, g_t, \\
+      \theta_t &= (1 - \eta_t \lambda)\, \theta_{t-1}
+        - \eta_t\, s_p\, m_t.
+    \end{align*}
+
+  It is ``optax.chain(scale_by_gsnr(eps, normalize), momentum,
+  optax.add_decayed_weights(weight_decay, mask),
+  optax.scale_by_learning_rate(learning_rate))``. As :math:`s_p` is constant,
+  scaling before the momentum gives the same update; the buffer holds
+  :math:`s_p m_t`, and the g-SNR is read from the raw gradient. Once every
+  leaf has its g-SNR, its reductions are skipped (a ``jax.lax.cond``) and a
+  step costs about the element-wise work of :func:`optax.sgd` with momentum. The
+  state is one param-sized buffer (in ``mu_dtype``) and a few scalars per
+  leaf, half the state of :func:`optax.adamw`; the g-SNR is part of it, so it
+  survives a save and restore.
+
+  Differences from the reference: the PyTorch ``SGD_sai`` (``sgd-sai`` 1.0.3)
+  is matched step for step where it is well defined (up to float32 rounding:
+  it multiplies the parameters by :math:`1 - \eta\lambda` rounded to float32,
+  where this subtracts :math:`\eta\lambda\theta`), and ours differs in four
+  cases.
+
+  * A one-element leaf (its standard deviation is NaN, read as 0) or one whose
+    first gradient is constant (0, or float32 rounding noise) gets at least
+    :math:`\|g\| / \epsilon` in the reference, about :math:`5 \cdot 10^7`
+    for a unit gradient, and the parameter explodes. Ours gives such a leaf
+    g-SNR 1, plain SGD with momentum; :func:`scale_by_gsnr` explains why.
+  * ``momentum=0`` raises in the reference (its buffer is never made); here it
+    is plain g-SNR-scaled SGD with decoupled weight decay.
+  * A leaf whose first gradient is all zero gets g-SNR 0 in the reference and
+    never moves again but for the decay. Here it takes its g-SNR from its
+    first non-zero gradient. Its momentum still starts at the first step, so
+    it rises from zero: :math:`m = (1 - \mu) g` on that gradient.
+  * The reference keeps "g-SNR done" outside its ``state_dict``, so a resumed
+    run recomputes the g-SNR from a mid-training gradient. Here it is part of
+    the state.
+
+  ``normalize=True`` divides every g-SNR by the largest (the paper's
+  pseudocode; the reference does not).
+
+  Args:
+    learning_rate: :math:`\eta`, a constant or an :class:`optax.Schedule`.
+    momentum: :math:`\mu \in [0, 1)`, the decay of the moving average.
+    weight_decay: :math:`\lambda`, decoupled: parameters shrink by
+      :math:`\eta_t \lambda` per step. A constant or a schedule.
+    eps: added to the standard deviation in the g-SNR; must be positive.
+    mask: which leaves decay, as in :func:`optax.add_decayed_weights`: a tree
+      of bools shaped like (a prefix of) the params, or a function of the
+      params returning one.
+    normalize: divide every g-SNR by the largest one.
+    mu_dtype: dtype of the momentum buffer; by default the params' dtype.
+      The g-SNR is always computed and kept in float32.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`; it needs ``params`` in
+    ``update``. Works under :func:`optax.inject_hyperparams` and ``jax.jit``.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, optax, optax_gqc
+    >>> tx = optax_gqc.sgd_sai(learning_rate=1e-2, momentum=0.9, weight_decay=0.0)
+    >>> params = {'w': jnp.array([1.0, 2.0, 3.0]), 'b': jnp.array([0.5])}
+    >>> state = tx.init(params)
+    >>> grads = {'w': jnp.array([0.3, -0.1, 0.2]), 'b': jnp.array([0.4])}
+    >>> updates, state = jax.jit(tx.update)(grads, state, params)
+    >>> params = optax.apply_updates(params, updates)
+    >>> gsnr = optax.tree.get(state, 'gsnr')  # 1 for the one-element 'b'
+    >>> print({k: round(float(v), 4) for k, v in gsnr.items()})
+    {'b': 1.0, 'w': 1.7974}
+    >>> print(params['b'])  # 0.5 - 1e-2 * 1 * 0.4
+    [0.496]
+
+  References:
+    Xu et al, `No More Adam: Learning Rate Scaling at Initialization is All You
+    Need <https://arxiv.org/abs/2412.11768>`_, 2024
+  """
+  _checks.check_scalar_or_schedule('learning_rate', learning_rate)
+  _check_momentum(momentum)
+  _checks.check_scalar_or_schedule('weight_decay', weight_decay)
+  _check_eps(eps)
+  return optax.chain(
+      scale_by_gsnr(eps=eps, normalize=normalize),
+      _momentum(momentum, mu_dtype),
+      optax.add_decayed_weights(weight_decay, mask),
+      optax.scale_by_learning_rate(learning_rate),
+  )
