@@ -70,6 +70,33 @@ def floor_transformation(every: int) -> optax.GradientTransformation:
   return optax.GradientTransformation(_floor_init, update)
 
 
+def gate_candidates(every: int) -> dict[str, tuple[Callable, Callable]]:
+  """Each gate in the engine, set never to open: all step every ``every`` microbatches."""
+  adamw = optax.adamw(1e-3)
+  gates = optax_gqc.gates
+
+  def with_loss(tx):  # MHT reads the loss: a scalar that varies with the microbatch
+    def step(params, state, grads):
+      loss = 1.0 + grads['layer0']['b'][0]
+      updates, state = tx.update(grads, state, params, value=loss)
+      return optax.apply_updates(params, updates), state
+
+    return tx.init, step
+
+  def engine(gate):
+    return optax_gqc.accumulate(adamw, gate, max_draws=every, microbatch_size=16)
+
+  return {
+      'norm_below (GNTS), with noise-scale statistics': optimizer_step(
+          engine(gates.norm_below(0.0))),
+      'noise_ratio_below (GNS)': optimizer_step(engine(gates.noise_ratio_below(0.0))),
+      'norm_test (Byrd / AdAdaGrad)': optimizer_step(engine(gates.norm_test(0.0))),
+      'loss_interval (MHT), value=loss': with_loss(engine(gates.loss_interval(0.95, 0.0))),
+      'any_of(norm_below, norm_test)': optimizer_step(
+          engine(gates.any_of(gates.norm_below(0.0), gates.norm_test(0.0)))),
+  }
+
+
 def candidates(every: int) -> dict[str, tuple[Callable, Callable]]:
   adamw = optax.adamw(1e-3)
   return {
@@ -122,10 +149,27 @@ def main():
         f'gnts / raw floor = {ours / raw:.3f}')
   for target, ok in targets.items():
     print(f"{'PASS' if ok else 'FAIL'}  {target}")
+
+  gate_cands = gate_candidates(args.every)
+  gate_results = measure(gate_cands, params, make_grads(params), args.rounds,
+                         args.cycles * args.every, warmup=args.every)
+  base = gate_results[next(iter(gate_cands))]
+  print(f"\n{'gate (one step every ' + str(args.every) + ' microbatches)':48s} "
+        f"{'ms/microbatch':>14s} {'x norm gate':>12s} {'temp MiB':>9s}")
+  for name, r in gate_results.items():
+    print(f"{name:48s} {r['ms']:14.2f} {r['ms'] / base['ms']:12.3f} "
+          f"{r['temp_bytes'] / 2**20:9.1f}")
+  worst = max(r['ms'] / base['ms'] for r in gate_results.values())
+  extra_temp = max(r['temp_bytes'] - base['temp_bytes'] for r in gate_results.values())
+  targets['every gate <= 1.05x the norm gate'] = worst <= 1.05
+  targets['no gate adds a param-sized temporary'] = extra_temp < param_bytes
+  for target in list(targets)[-2:]:
+    print(f"{'PASS' if targets[target] else 'FAIL'}  {target}")
   if args.json:
     with open(args.json, 'w') as f:
       json.dump({'params': n_params, 'every': args.every, 'results': results,
-                 'targets': targets, 'device': jax.devices()[0].platform}, f, indent=2)
+                 'gates': gate_results, 'targets': targets,
+                 'device': jax.devices()[0].platform}, f, indent=2)
 
 
 if __name__ == '__main__':

@@ -58,6 +58,12 @@ class AccumulateState(NamedTuple):
   sum_sq_norms: jax.Array  # float32: sum_i ||g_i||^2 over the accumulation.
   sum_norms: jax.Array  # float32: sum_i ||g_i|| over the accumulation.
   acc_norm: jax.Array  # float32: ||gbar|| after the latest microbatch.
+  # Noise scale: raw EMAs of the two-batch estimates of |G|^2 and tr(Sigma),
+  # and the total weight of those EMAs, 1 - beta^k after k estimates (their
+  # bias correction is a division by it).
+  grad_sq_norm_ema: jax.Array  # float32
+  trace_cov_ema: jax.Array  # float32
+  noise_weight: jax.Array  # float32
   gate_state: Any  # the gate's own scalars.
   inner_state: Any  # the inner optimizer's state, touched only on steps.
   # Sum of the current accumulation's gradients. Not zeroed on a step: the
@@ -102,6 +108,7 @@ def accumulate(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    noise_beta: float = 0.99,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Accumulates microbatch gradients until ``gate`` opens, then steps ``inner``.
 
@@ -141,6 +148,20 @@ def accumulate(
       for bf16 gradients. (None rather than ``jnp.float32`` as the default, because
       ``optax.inject_hyperparams`` would take a dtype, a callable, for a schedule.)
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
+    noise_beta: EMA decay of the noise-scale estimates (see below).
+
+  The engine also estimates the gradient noise scale
+  :math:`B_\text{simple} = \operatorname{tr}(\Sigma) / |G|^2` of McCandlish et al.
+  from the same scalars, with no extra buffer: at every step that averaged
+  :math:`n \ge 2` microbatches, the small batch is one microbatch (its squared
+  norm averaged over all :math:`n`) and the big batch is their mean; see
+  :func:`optax_gqc.noise_scale_estimates`. The two estimates are smoothed
+  separately by a bias-corrected EMA and divided (:func:`statistics` reports
+  ``noise_scale``, ``grad_sq_norm_est``, ``trace_cov_est``), in examples when
+  ``microbatch_size`` is given, in microbatches otherwise. Unlike GPT-NeoX's
+  ``GradientNoiseScale``, both batches come from the same parameters (it pairs
+  gradients from consecutive optimizer steps) and all microbatches of the step
+  form the small-batch estimate, not only the last.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`. Extra keyword arguments
@@ -171,6 +192,7 @@ def accumulate(
     _checks.check_positive_int('microbatch_size', microbatch_size)
   if accumulator_dtype is None:
     accumulator_dtype = jnp.float32
+  _checks.check_unit_interval('noise_beta', noise_beta)
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -191,6 +213,9 @@ def accumulate(
         sum_sq_norms=zero_f(),
         sum_norms=zero_f(),
         acc_norm=zero_f(),
+        grad_sq_norm_ema=zero_f(),
+        trace_cov_ema=zero_f(),
+        noise_weight=zero_f(),
         gate_state=gate.init(),
         inner_state=inner.init(params),
         accumulator=optax.tree.zeros_like(params, dtype=accumulator_dtype),
@@ -250,6 +275,18 @@ def accumulate(
     def pick(on_step, on_accumulate, on_reject):
       return jnp.where(step, on_step, jnp.where(ok, on_accumulate, on_reject))
 
+    # The noise-scale estimates of this step, folded into their EMAs on a step
+    # that averaged n >= 2 microbatches.
+    grad_sq_est, trace_est = noise_scale_estimates(
+        1.0 if microbatch_size is None else microbatch_size,
+        stats.sum_sq_norms / n,
+        n * (1.0 if microbatch_size is None else microbatch_size),
+        jnp.square(acc_norm),
+    )
+    fold = step & (n >= 2)
+    ema = lambda old, new: jnp.where(  # noqa: E731
+        fold, noise_beta * old + (1.0 - noise_beta) * new, old)
+
     zero_f = jnp.zeros([], jnp.float32)
     new_state = AccumulateState(
         num_draws=pick(0, n, state.num_draws),
@@ -261,6 +298,9 @@ def accumulate(
         sum_sq_norms=pick(zero_f, stats.sum_sq_norms, state.sum_sq_norms),
         sum_norms=pick(zero_f, stats.sum_norms, state.sum_norms),
         acc_norm=pick(acc_norm, acc_norm, state.acc_norm),
+        grad_sq_norm_ema=ema(state.grad_sq_norm_ema, grad_sq_est),
+        trace_cov_ema=ema(state.trace_cov_ema, trace_est),
+        noise_weight=ema(state.noise_weight, 1.0),
         gate_state=optax.tree.where(ok, gate_state, state.gate_state),
         inner_state=inner_state,
         accumulator=accumulator,
@@ -268,6 +308,49 @@ def accumulate(
     return new_updates, new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def noise_scale_estimates(
+    small_batch: Any, small_sq_norm: Any, big_batch: Any, big_sq_norm: Any
+) -> tuple[jax.Array, jax.Array]:
+  r"""Unbiased estimates of :math:`|G|^2` and :math:`\operatorname{tr}(\Sigma)` from two batches.
+
+  From the squared norms of the mean gradient of a small batch of
+  :math:`B_s` examples and a big batch of :math:`B_b` examples, taken at the
+  same parameters (McCandlish et al. 2018, appendix A):
+
+  .. math::
+
+    |G|^2 \approx \frac{B_b |G_b|^2 - B_s |G_s|^2}{B_b - B_s}, \qquad
+    \operatorname{tr}(\Sigma) \approx \frac{|G_s|^2 - |G_b|^2}{1/B_s - 1/B_b}.
+
+  Average each over many steps before dividing: the noise scale
+  :math:`B_\text{simple} = \operatorname{tr}(\Sigma) / |G|^2` is the ratio of
+  the averages; the average of per-step ratios is badly biased.
+
+  Args:
+    small_batch: :math:`B_s`.
+    small_sq_norm: :math:`|G_s|^2`.
+    big_batch: :math:`B_b > B_s`.
+    big_sq_norm: :math:`|G_b|^2`.
+
+  Returns:
+    ``(grad_sq_norm, trace_cov)``, float32 scalars (or arrays, broadcast).
+
+  Example:
+    >>> import optax_gqc
+    >>> [float(x) for x in optax_gqc.noise_scale_estimates(8, 7.25, 64, 1.78125)]
+    [1.0, 50.0]
+
+  References:
+    McCandlish et al, `An Empirical Model of Large-Batch Training
+    <https://arxiv.org/abs/1812.06162>`_, 2018
+  """
+  b_s, g_s, b_b, g_b = (jnp.asarray(x, jnp.float32) for x in
+                        (small_batch, small_sq_norm, big_batch, big_sq_norm))
+  grad_sq_norm = (b_b * g_b - b_s * g_s) / (b_b - b_s)
+  trace_cov = (g_s - g_b) / (1.0 / b_s - 1.0 / b_b)
+  return grad_sq_norm, trace_cov
 
 
 def _inner_update(inner, extra_args, updates, inner_state, params):
@@ -305,9 +388,12 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   Returns:
     A dict of 0-d arrays: ``num_draws``, ``num_batches``, ``num_steps``,
     ``num_skipped``, ``last_num_draws``, ``last_grad_norm``, ``acc_norm`` (the
-    norm of the current mean gradient), and the gate's current
-    hyperparameters (e.g. ``threshold``). A gate entry whose name is taken
-    gets a suffix ``_1``, ``_2``, ...
+    norm of the current mean gradient); the noise scale ``noise_scale``
+    (:math:`B_\text{simple}`) with its parts ``grad_sq_norm_est`` and
+    ``trace_cov_est`` (bias-corrected EMAs; NaN until a step has averaged
+    two microbatches); and the gate's current hyperparameters (e.g.
+    ``threshold``). A gate entry whose name is taken gets a suffix ``_1``,
+    ``_2``, ...
 
   Raises:
     ValueError: if ``state`` holds no accumulation state.
@@ -329,5 +415,9 @@ def statistics(state: Any) -> dict[str, jax.Array]:
           'last_num_draws', 'last_grad_norm', 'acc_norm',
       )
   }
+  weight = jnp.where(s.noise_weight > 0, s.noise_weight, jnp.nan)
+  out['grad_sq_norm_est'] = s.grad_sq_norm_ema / weight
+  out['trace_cov_est'] = s.trace_cov_ema / weight
+  out['noise_scale'] = out['trace_cov_est'] / out['grad_sq_norm_est']
   _flat_gate_stats(s.gate_state, out)
   return out

@@ -36,6 +36,13 @@ def check_scalar_or_schedule(name: str, value: Any, *, positive: bool = False) -
     raise ValueError(f'{name} must be {bound}, got {v}')
 
 
+def check_unit_interval(name: str, value: Any) -> None:
+  """Raises unless a constant ``value`` lies in [0, 1); traced values pass."""
+  v = _concrete_float(name, value)
+  if v is not None and not 0.0 <= v < 1.0:
+    raise ValueError(f'{name} must be in [0, 1), got {v}')
+
+
 def check_positive_int(name: str, value: Any) -> None:
   """Raises unless `value` is an integer >= 1; a traced value passes unchecked."""
   if isinstance(value, jax.core.Tracer):

@@ -37,13 +37,6 @@ class SgdSaiMomentumState(NamedTuple):
   mu: optax.Updates  # the running average of the g-SNR-scaled gradients.
 
 
-def _check_momentum(momentum: Any) -> None:
-  """Raises unless a constant ``momentum`` lies in [0, 1); traced values pass."""
-  v = _checks._concrete_float('momentum', momentum)
-  if v is not None and not 0.0 <= v < 1.0:
-    raise ValueError(f'momentum must be in [0, 1), got {v}')
-
-
 def _check_eps(eps: Any) -> None:
   """Raises unless a constant ``eps`` is > 0; traced values pass."""
   v = _checks._concrete_float('eps', eps)
@@ -302,7 +295,7 @@ def sgd_sai(
     Need <https://arxiv.org/abs/2412.11768>`_, 2024
   """
   _checks.check_scalar_or_schedule('learning_rate', learning_rate)
-  _check_momentum(momentum)
+  _checks.check_unit_interval('momentum', momentum)
   _checks.check_scalar_or_schedule('weight_decay', weight_decay)
   _check_eps(eps)
   return optax.chain(

@@ -15,6 +15,7 @@ import optax
 
 from optax_gqc import _checks
 from optax_gqc._accumulation import DrawStats, Gate
+from optax_gqc._student_t import t_quantile, two_sided_tail
 
 __all__ = [
     'DrawStats',
@@ -23,7 +24,11 @@ __all__ = [
     'any_of',
     'batch_size_at_least',
     'from_function',
+    'loss_interval',
+    'noise_ratio_below',
     'norm_below',
+    'norm_test',
+    't_quantile',
 ]
 
 
@@ -102,6 +107,172 @@ def batch_size_at_least(
       logical_batch_size,
       lambda s, size: s.num_draws * microbatch_size >= size,
   )
+
+
+def _welford(mean, m2, x, n):
+  """Adds ``x`` as the ``n``-th value (n >= 1) to a running mean and sum of squared deviations."""
+  mean = jnp.where(n == 1, 0.0, mean)
+  m2 = jnp.where(n == 1, 0.0, m2)
+  delta = x - mean
+  mean = mean + delta / n
+  return mean, m2 + delta * (x - mean)
+
+
+def noise_ratio_below(tolerance: optax.ScalarOrSchedule) -> Gate:
+  r"""Steps when the microbatch norms vary little: torch-gqc's GNS rule.
+
+  With :math:`h_i = \|g_i\|` the norms of the :math:`n` microbatch gradients
+  accumulated so far,
+
+  .. math::
+
+    \frac{\operatorname{var}(h)}{\operatorname{mean}(h^2) + 10^{-8}}
+    \le n \cdot \text{tolerance}(t),
+
+  with Bessel's correction in the variance, so it never steps at :math:`n = 1`.
+  A heuristic on scalar norms, as in torch-gqc's ``OptimizerWrapperGNS``: it is
+  *not* McCandlish's gradient noise scale, which :func:`optax_gqc.accumulate`
+  estimates (``statistics(state)['noise_scale']``). The norms' mean and
+  spread are kept by Welford's method, stable in float32.
+
+  Args:
+    tolerance: the allowed ratio per microbatch, constant or a schedule.
+
+  Returns:
+    A :class:`Gate` whose state reports ``tolerance``.
+  """
+  _checks.check_scalar_or_schedule('tolerance', tolerance)
+
+  def init():
+    zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
+    return {'tolerance': _value_at(tolerance, jnp.zeros([], jnp.int32)),
+            'norm_mean': zero(), 'norm_m2': zero()}
+
+  def update(stats, gate_state, **extra_args):
+    del extra_args
+    n = stats.num_draws
+    mean, m2 = _welford(gate_state['norm_mean'], gate_state['norm_m2'], stats.grad_norm, n)
+    variance = m2 / jnp.maximum(n - 1, 1)
+    mean_sq = jnp.square(mean) + m2 / n
+    tol = _value_at(tolerance, stats.num_batches)
+    step = (n >= 2) & (variance / (mean_sq + 1e-8) <= n * tol)
+    return step, {'tolerance': tol, 'norm_mean': mean, 'norm_m2': m2}
+
+  return Gate(init, update)
+
+
+def loss_interval(
+    confidence: optax.ScalarOrSchedule,
+    percent_error: optax.ScalarOrSchedule,
+    *,
+    beta: float = 0.01,
+) -> Gate:
+  r"""Steps when a t-interval around the recent losses is tight: torch-gqc's MHT rule.
+
+  Takes the microbatch loss through ``update(grads, state, params, value=loss)``.
+  The judged values are an EMA of all losses (:math:`r \leftarrow l` at the
+  first, then :math:`r (1 - \beta) + l \beta`) and the :math:`n` losses since
+  the last step. With :math:`m` and :math:`s` their mean and standard error
+  (Bessel-corrected, :math:`+10^{-12}`), it steps when the Student-t interval
+  at ``confidence`` with :math:`n` degrees of freedom lies inside
+  :math:`m (1 \pm \text{percent\_error})`:
+
+  .. math::
+
+    m - q s \ge m (1 - p), \quad m + q s \le m (1 + p)
+    \iff P(|T_n| > p m / s) \le 1 - \text{confidence}.
+
+  The right-hand form, the same test, needs one t tail probability on device
+  instead of the quantile :math:`q` (see :func:`t_quantile`). The losses are
+  kept as a running mean and sum of squared deviations (Welford's method),
+  combined exactly with the EMA: a few scalars, no list. The port of
+  torch-gqc's ``OptimizerWrapperMHT``.
+
+  Args:
+    confidence: the interval's confidence in [0, 1), constant or a schedule.
+    percent_error: its allowed half-width relative to the mean, >= 0.
+    beta: the EMA's weight of a new loss.
+
+  Returns:
+    A :class:`Gate` whose state reports ``confidence``, ``percent_error`` and
+    ``loss_ema``.
+
+  Raises:
+    ValueError: at the first trace, if ``update`` gets no ``value``.
+  """
+  _checks.check_scalar_or_schedule('confidence', confidence)
+  _checks.check_scalar_or_schedule('percent_error', percent_error)
+  _checks.check_unit_interval('beta', beta)
+
+  def init():
+    zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
+    t0 = jnp.zeros([], jnp.int32)
+    return {'confidence': _value_at(confidence, t0),
+            'percent_error': _value_at(percent_error, t0),
+            'loss_ema': jnp.full([], jnp.nan, jnp.float32),  # NaN: no loss seen yet
+            'loss_mean': zero(), 'loss_m2': zero()}
+
+  def update(stats, gate_state, *, value=None, **extra_args):
+    del extra_args
+    if value is None:
+      raise ValueError(
+          'loss_interval needs the loss: call update(grads, state, params, value=loss)')
+    loss = jnp.asarray(value, jnp.float32)
+    n = stats.num_draws
+    ema = gate_state['loss_ema']
+    ema = jnp.where(jnp.isnan(ema), loss, ema * (1.0 - beta) + loss * beta)
+    mean_l, m2_l = _welford(gate_state['loss_mean'], gate_state['loss_m2'], loss, n)
+    # The n losses together with the EMA: n + 1 values, n degrees of freedom.
+    mean = (n * mean_l + ema) / (n + 1)
+    m2 = m2_l + n / (n + 1) * jnp.square(ema - mean_l)
+    scale = jnp.sqrt(m2 / n) / jnp.sqrt(n + 1.0) + 1e-12
+    conf = _value_at(confidence, stats.num_batches)
+    error = _value_at(percent_error, stats.num_batches)
+    ratio = error * mean / scale
+    step = (ratio >= 0) & (two_sided_tail(jnp.maximum(ratio, 0.0), n) <= 1.0 - conf)
+    return step, {'confidence': conf, 'percent_error': error, 'loss_ema': ema,
+                  'loss_mean': mean_l, 'loss_m2': m2_l}
+
+  return Gate(init, update)
+
+
+def norm_test(eta: optax.ScalarOrSchedule) -> Gate:
+  r"""Steps when the mean gradient passes the norm test, microbatches as the sample.
+
+  The test of Byrd et al. (2012) on which AdAdaGrad builds. With :math:`n \ge 2`
+  microbatch gradients and their mean :math:`\bar g`,
+
+  .. math::
+
+    V = \frac{\sum_i \|g_i\|^2 - n \|\bar g\|^2}{n - 1}
+    \text{ (the trace of their sample covariance)}, \qquad
+    \frac{V}{n} \le \eta^2 \|\bar g\|^2,
+
+  i.e. the expected squared error of the mean is at most :math:`\eta^2` times
+  its squared norm. From the engine's running scalars: constant memory. It
+  never steps at :math:`n = 1`.
+
+  Args:
+    eta: the allowed relative error, constant or a schedule.
+
+  Returns:
+    A :class:`Gate` whose state reports ``eta``.
+
+  References:
+    Byrd et al, `Sample size selection in optimization methods for machine
+    learning <https://doi.org/10.1007/s10107-012-0572-5>`_, 2012;
+    Lau et al, `AdAdaGrad: Adaptive Batch Size Schemes for Adaptive Gradient
+    Methods <https://arxiv.org/abs/2402.11215>`_, 2024
+  """
+  _checks.check_scalar_or_schedule('eta', eta)
+
+  def rule(stats, eta_value):
+    n = stats.num_draws
+    mean_sq = jnp.square(stats.acc_norm)
+    trace = jnp.maximum(stats.sum_sq_norms - n * mean_sq, 0.0) / jnp.maximum(n - 1, 1)
+    return (n >= 2) & (trace / n <= jnp.square(eta_value) * mean_sq)
+
+  return _scheduled_gate('eta', eta, rule)
 
 
 def from_function(rule: Callable[[DrawStats], jax.Array]) -> Gate:

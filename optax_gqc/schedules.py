@@ -37,10 +37,13 @@ __all__ = [
     'constant_with_warmup',
     'cosine_with_inverse_warmup',
     'cosine_with_warmup',
+    'gns_default',
+    'gns_with_cosine_schedule',
     'gnr_with_cosine_schedule',
     'gnr_with_cosine_schedule_conventional_lr',
     'gnts_with_cosine_schedule',
     'gnts_with_cosine_schedule_conventional_lr',
+    'mht_with_warmup_schedule',
     'polynomial_with_inverse_warmup',
     'polynomial_with_warmup',
     'sbc_with_polynomial_schedule',
@@ -507,4 +510,119 @@ def sbc_with_polynomial_schedule_conventional_lr(
       learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
   )
   gate = gates.batch_size_at_least(batch, microbatch_size)
+  return _recipe(gate, optimizer, hyperparams, optimizer_kwargs, max_draws)
+
+
+def gns_with_cosine_schedule(
+    learning_rate: float,
+    initial_tolerance: float,
+    final_tolerance: float,
+    total_steps: int,
+    warmup_steps: int,
+    warmup_multiplier: float = 10.0,
+    max_draws: int = 64,
+    *,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """GNS with a warmup-cosine learning rate and an annealed tolerance.
+
+  The port of torch-gqc's ``make_gns_with_cosine_annealing_schedule``: the
+  learning rate warms up, then anneals by a quarter cosine to 0; the tolerance
+  of :func:`optax_gqc.gates.noise_ratio_below` falls from ``warmup_multiplier *
+  initial_tolerance`` to ``initial_tolerance`` over the warmup, then by a
+  quarter cosine to ``final_tolerance``. Schedules advance per microbatch.
+
+  Args:
+    learning_rate: the inner optimizer's peak learning rate.
+    initial_tolerance: tolerance at the end of the warmup.
+    final_tolerance: tolerance at ``total_steps``.
+    total_steps: microbatches in the run.
+    warmup_steps: microbatches of warmup.
+    warmup_multiplier: the tolerance starts at this times ``initial_tolerance``.
+    max_draws: the most microbatches accumulated before a step is forced.
+    optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
+    **optimizer_kwargs: further arguments of ``optimizer``.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`.
+  """
+  tolerance = cosine_with_inverse_warmup(
+      initial_tolerance, final_tolerance, warmup_steps, total_steps, warmup_multiplier
+  )
+  hyperparams = _lr_and_wd(
+      learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
+  )
+  return _recipe(
+      gates.noise_ratio_below(tolerance), optimizer, hyperparams, optimizer_kwargs, max_draws
+  )
+
+
+def gns_default(
+    learning_rate: float,
+    tolerance: float,
+    total_steps: int,
+    warmup_steps: int,
+    max_draws: int = 64,
+    *,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """GNS with a warmup-cosine learning rate and a constant tolerance after an inverse warmup.
+
+  The port of torch-gqc's ``make_gns_default``: the learning rate as in
+  :func:`gns_with_cosine_schedule`; the tolerance falls from 20 times
+  ``tolerance`` (torch-schedule-anything's default multiplier, which that
+  factory keeps) to ``tolerance`` over the warmup, then stays. Arguments as in
+  :func:`gns_with_cosine_schedule`.
+  """
+  hyperparams = _lr_and_wd(
+      learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
+  )
+  gate = gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup_steps))
+  return _recipe(gate, optimizer, hyperparams, optimizer_kwargs, max_draws)
+
+
+def mht_with_warmup_schedule(
+    learning_rate: float,
+    confidence: float,
+    percent_error: float,
+    total_steps: int,
+    warmup_steps: int,
+    max_draws: int = 64,
+    *,
+    beta: float = 0.01,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """MHT with a warmup-cosine learning rate and warmed-up test parameters.
+
+  The port of torch-gqc's ``make_mht_with_warmup_schedule``: the learning
+  rate warms up, then anneals by a quarter cosine to 0; the confidence and
+  the percent error of :func:`optax_gqc.gates.loss_interval` warm up linearly
+  from 0 to ``confidence`` and ``percent_error``, then stay (so early steps
+  come fast). Call ``update(..., value=loss)``.
+
+  Args:
+    learning_rate: the inner optimizer's peak learning rate.
+    confidence: the interval's confidence after the warmup.
+    percent_error: its allowed relative half-width after the warmup.
+    total_steps: microbatches in the run.
+    warmup_steps: microbatches of warmup.
+    max_draws: the most microbatches accumulated before a step is forced.
+    beta: the weight of a new loss in the loss EMA.
+    optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
+    **optimizer_kwargs: further arguments of ``optimizer``.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`.
+  """
+  gate = gates.loss_interval(
+      cosine_with_warmup(confidence, confidence, warmup_steps, total_steps),
+      cosine_with_warmup(percent_error, percent_error, warmup_steps, total_steps),
+      beta=beta,
+  )
+  hyperparams = _lr_and_wd(
+      learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
+  )
   return _recipe(gate, optimizer, hyperparams, optimizer_kwargs, max_draws)

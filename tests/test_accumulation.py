@@ -227,6 +227,7 @@ def test_inside_chain_and_statistics():
   assert set(stats) == {
       'num_draws', 'num_batches', 'num_steps', 'num_skipped',
       'last_num_draws', 'last_grad_norm', 'acc_norm', 'threshold',
+      'noise_scale', 'grad_sq_norm_est', 'trace_cov_est',
   }
   assert int(stats['num_batches']) == 7
   assert float(stats['threshold']) == pytest.approx(0.3)

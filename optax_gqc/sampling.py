@@ -1,0 +1,190 @@
+r"""Adaptive-sampling tests on per-example gradients, and AdAdaGrad's batch-size rule.
+
+Pure functions over a *stacked* batch of ``b`` per-example (or per-microbatch)
+gradients: a pytree whose leaves have a leading axis of size ``b``, as
+``jax.vmap(jax.grad(loss), in_axes=(None, 0))(params, batch)`` gives. With
+:math:`\bar g` the mean gradient, each test asks whether the batch estimates
+the true gradient well enough:
+
+- norm test (Byrd et al. 2012):
+  :math:`\frac{1}{b}\sum_j \operatorname{Var}_j(g) \le \eta^2 \|\bar g\|^2`;
+- inner-product test (Bollapragada et al. 2018):
+  :math:`\frac{1}{b}\operatorname{Var}(g_i \cdot \bar g) \le \theta^2 \|\bar g\|^4`;
+- orthogonality test: :math:`\frac{1}{b(b-1)} \sum_i \|g_i - \frac{g_i \cdot
+  \bar g}{\|\bar g\|^2} \bar g\|^2 \le \nu^2 \|\bar g\|^2`.
+
+Variances are sample variances (Bessel's correction). The statistics are
+*whole-vector*: the pytree is one vector, so :math:`\sum_j \operatorname{Var}_j`
+runs over every coordinate of every leaf and :math:`g_i \cdot \bar g` is the
+global inner product. (AdAdaGrad's reference code sums per-tensor statistics,
+which for the inner-product test is not the same number.)
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from optax_gqc import sampling
+  >>> def loss(w, x, y):
+  ...   return 0.5 * (x @ w - y) ** 2
+  >>> x = jax.random.normal(jax.random.key(0), (32, 3))
+  >>> y = x @ jnp.array([1.0, -2.0, 0.5])
+  >>> w = jnp.zeros(3)
+  >>> per_example = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(w, x, y)
+  >>> result = sampling.norm_test(per_example, eta=0.5)
+  >>> bool(result.passed), int(sampling.propose_batch_size(per_example, eta=0.5))
+  (True, 32)
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    'TestResult',
+    'inner_product_test',
+    'norm_test',
+    'orthogonality_test',
+    'propose_batch_size',
+]
+
+
+class TestResult(NamedTuple):
+  """Outcome of a sampling test: ``passed`` is ``statistic <= bound``."""
+
+  passed: jax.Array  # bool scalar
+  statistic: jax.Array  # float32: the left-hand side
+  bound: jax.Array  # float32: the right-hand side
+
+
+def _flat(grads: Any) -> jax.Array:
+  """The stacked pytree as a ``(b, dim)`` float32 matrix."""
+  leaves = jax.tree.leaves(grads)
+  b = leaves[0].shape[0]
+  if b < 2:
+    raise ValueError(f'the sampling tests need at least 2 stacked gradients, got {b}')
+  return jnp.concatenate([x.reshape(b, -1).astype(jnp.float32) for x in leaves], axis=1)
+
+
+def _parts(grads: Any):
+  g = _flat(grads)
+  b = g.shape[0]
+  mean = jnp.mean(g, axis=0)
+  return g, b, mean, jnp.sum(jnp.square(mean))
+
+
+def _result(statistic, bound):
+  return TestResult(statistic <= bound, statistic, bound)
+
+
+def _trace_var(g, mean, b):
+  """sum_j Var_j(g), Bessel-corrected: the trace of the sample covariance."""
+  return jnp.sum(jnp.square(g - mean)) / (b - 1)
+
+
+def _inner_var(g, mean):
+  """Var(g_i . gbar), Bessel-corrected."""
+  return jnp.var(g @ mean, ddof=1)
+
+
+def _orth_sum(g, mean, mean_sq):
+  """sum_i ||g_i - (g_i . gbar / ||gbar||^2) gbar||^2 / (b - 1)."""
+  coef = (g @ mean) / mean_sq
+  return jnp.sum(jnp.square(g - coef[:, None] * mean)) / (g.shape[0] - 1)
+
+
+def norm_test(grads: Any, eta: float) -> TestResult:
+  r"""Byrd et al.'s norm test: is the mean's variance small next to its norm?
+
+  :math:`\frac{1}{b}\sum_j \operatorname{Var}_j(g) \le \eta^2 \|\bar g\|^2`.
+
+  Args:
+    grads: stacked per-example gradients (leading axis ``b >= 2``).
+    eta: the allowed relative error of the mean.
+
+  Returns:
+    A :class:`TestResult`.
+  """
+  g, b, mean, mean_sq = _parts(grads)
+  return _result(_trace_var(g, mean, b) / b, eta**2 * mean_sq)
+
+
+def inner_product_test(grads: Any, theta: float) -> TestResult:
+  r"""The inner-product test: do the gradients agree along the mean direction?
+
+  :math:`\frac{1}{b}\operatorname{Var}(g_i \cdot \bar g) \le \theta^2 \|\bar g\|^4`.
+
+  Args:
+    grads: stacked per-example gradients (leading axis ``b >= 2``).
+    theta: the allowed relative error along the mean direction.
+
+  Returns:
+    A :class:`TestResult`.
+  """
+  g, b, mean, mean_sq = _parts(grads)
+  return _result(_inner_var(g, mean) / b, theta**2 * mean_sq**2)
+
+
+def orthogonality_test(grads: Any, nu: float) -> TestResult:
+  r"""The orthogonality test: the part of each gradient orthogonal to :math:`\bar g` is small.
+
+  :math:`\frac{1}{b(b-1)}\sum_i \|g_i - \frac{g_i \cdot \bar g}{\|\bar g\|^2}\bar g\|^2
+  \le \nu^2 \|\bar g\|^2`.
+
+  Args:
+    grads: stacked per-example gradients (leading axis ``b >= 2``).
+    nu: the allowed relative orthogonal error.
+
+  Returns:
+    A :class:`TestResult`.
+  """
+  g, b, mean, mean_sq = _parts(grads)
+  return _result(_orth_sum(g, mean, mean_sq) / b, nu**2 * mean_sq)
+
+
+def propose_batch_size(
+    grads: Any,
+    eta: float | None = None,
+    *,
+    theta: float | None = None,
+    nu: float | None = None,
+    max_batch_size: int | None = None,
+) -> jax.Array:
+  r"""The next batch size: the smallest that would pass the test(s), never smaller than ``b``.
+
+  AdAdaGrad's rule. With the norm test (``eta``):
+  :math:`b' = \lceil \max(b, \sum_j \operatorname{Var}_j(g) / (\eta^2 \|\bar g\|^2)) \rceil`.
+  The augmented rule (``theta`` and ``nu``, Bollapragada et al.) takes the
+  larger of the inner-product and orthogonality proposals,
+  :math:`\operatorname{Var}(g_i \cdot \bar g) / (\theta^2 \|\bar g\|^4)` and
+  :math:`\frac{1}{b-1}\sum_i \|g_i^\perp\|^2 / (\nu^2 \|\bar g\|^2)`. Capped at
+  ``max_batch_size``.
+
+  Args:
+    grads: stacked per-example gradients (leading axis ``b >= 2``).
+    eta: the norm test's parameter, or None for the augmented rule.
+    theta: the inner-product test's parameter (augmented rule).
+    nu: the orthogonality test's parameter (augmented rule).
+    max_batch_size: the cap, or None.
+
+  Returns:
+    An int32 scalar.
+
+  References:
+    Lau et al, `AdAdaGrad: Adaptive Batch Size Schemes for Adaptive Gradient
+    Methods <https://arxiv.org/abs/2402.11215>`_, 2024;
+    Bollapragada et al, `Adaptive Sampling Strategies for Stochastic
+    Optimization <https://arxiv.org/abs/1710.11258>`_, 2018
+  """
+  if (eta is None) == (theta is None and nu is None):
+    raise ValueError('propose_batch_size takes either eta, or theta and nu (the augmented rule)')
+  if eta is None and (theta is None or nu is None):
+    raise ValueError('the augmented rule needs both theta and nu')
+  g, b, mean, mean_sq = _parts(grads)
+  if eta is not None:
+    wanted = _trace_var(g, mean, b) / (eta**2 * mean_sq)
+  else:
+    wanted = jnp.maximum(_inner_var(g, mean) / (theta**2 * mean_sq**2),
+                         _orth_sum(g, mean, mean_sq) / (nu**2 * mean_sq))
+  cap = float(2**31 - 1 if max_batch_size is None else max_batch_size)
+  # A zero mean gradient asks for infinitely many samples (a NaN ratio): the cap.
+  wanted = jnp.where(jnp.isnan(wanted), jnp.inf, wanted)
+  return jnp.minimum(jnp.ceil(jnp.maximum(float(b), wanted)), cap).astype(jnp.int32)

@@ -1,0 +1,81 @@
+"""AdAdaGrad's sampling tests against a direct numpy computation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from optax_gqc import sampling
+
+
+@pytest.fixture(name='grads')
+def fixture_grads():
+  rng = np.random.default_rng(0)
+  b = 12
+  signal = {'a': rng.standard_normal((3, 4)), 'b': rng.standard_normal(5)}
+  return {k: jnp.asarray(v + 0.8 * rng.standard_normal((b, *v.shape)), jnp.float32)
+          for k, v in signal.items()}
+
+
+def as_matrix(grads):
+  leaves = jax.tree.leaves(grads)
+  return np.concatenate([np.asarray(x, np.float64).reshape(x.shape[0], -1) for x in leaves], 1)
+
+
+def test_statistics_against_numpy(grads):
+  g = as_matrix(grads)
+  b = g.shape[0]
+  mean = g.mean(0)
+  mean_sq = mean @ mean
+  norm_stat = np.var(g, axis=0, ddof=1).sum() / b
+  inner_stat = np.var(g @ mean, ddof=1) / b
+  orth = g - np.outer(g @ mean / mean_sq, mean)
+  orth_stat = np.sum(orth**2) / (b * (b - 1))
+  cases = [
+      (jax.jit(sampling.norm_test, static_argnums=1)(grads, 0.5), norm_stat, 0.25 * mean_sq),
+      (sampling.inner_product_test(grads, 0.3), inner_stat, 0.09 * mean_sq**2),
+      (sampling.orthogonality_test(grads, 0.7), orth_stat, 0.49 * mean_sq),
+  ]
+  for result, stat, bound in cases:
+    assert float(result.statistic) == pytest.approx(stat, rel=1e-5)
+    assert float(result.bound) == pytest.approx(bound, rel=1e-5)
+    assert bool(result.passed) == (stat <= bound)
+
+  norm_size = int(np.ceil(max(b, norm_stat * b / (0.25 * mean_sq))))
+  assert int(sampling.propose_batch_size(grads, eta=0.5)) == norm_size
+  aug = max(inner_stat * b / (0.09 * mean_sq**2), orth_stat * b / (0.49 * mean_sq))
+  assert int(sampling.propose_batch_size(grads, theta=0.3, nu=0.7)) == int(np.ceil(max(b, aug)))
+
+
+def test_proposal_never_decreases_and_is_capped(grads):
+  b = 12
+  assert int(sampling.propose_batch_size(grads, eta=1e6)) == b  # passes easily: keep b
+  assert int(sampling.propose_batch_size(grads, eta=1e-3, max_batch_size=50)) == 50
+  zero_mean = jax.tree.map(lambda x: jnp.concatenate([x[:6], -x[:6]]), grads)
+  assert int(sampling.propose_batch_size(zero_mean, eta=0.5, max_batch_size=64)) == 64
+
+
+def test_per_example_gradients_from_vmap_grad():
+  def loss(w, x, y):
+    return 0.5 * (x @ w - y) ** 2
+
+  x = jax.random.normal(jax.random.key(0), (64, 4))
+  y = x @ jnp.array([1.0, -1.0, 2.0, 0.0]) + 3.0 * jax.random.normal(jax.random.key(1), (64,))
+  per_example = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(jnp.zeros(4), x, y)
+  assert per_example.shape == (64, 4)
+  small = sampling.norm_test(per_example[:4], eta=0.3)
+  large = sampling.norm_test(per_example, eta=0.3)
+  assert float(small.statistic) > float(large.statistic)  # variance of the mean falls with b
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    ({}, 'either eta'), ({'eta': 0.5, 'theta': 0.1}, 'either eta'), ({'theta': 0.1}, 'both'),
+])
+def test_bad_proposal_arguments(grads, kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    sampling.propose_batch_size(grads, **kwargs)
+
+
+def test_needs_two_samples():
+  with pytest.raises(ValueError, match='at least 2'):
+    sampling.norm_test({'w': jnp.ones((1, 3))}, 0.5)

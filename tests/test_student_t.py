@@ -1,0 +1,37 @@
+"""The on-device Student-t quantile and tail against scipy."""
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+from optax_gqc import _student_t
+from optax_gqc.gates import t_quantile
+
+
+def test_quantile_matches_scipy_for_df_1_to_200_and_confidence_half_to_0999():
+  # Confidences as float32 values, compared with scipy at exactly those values.
+  conf = np.concatenate([np.linspace(0.5, 0.999, 60), [0.9, 0.95, 0.99, 0.999]]).astype(np.float32)
+  c, df = np.meshgrid(conf, np.arange(1, 201))
+  ours = np.asarray(jax.jit(t_quantile)(c, df))
+  ref = stats.t.ppf((1 + c.astype(np.float64)) / 2, df)
+  np.testing.assert_allclose(ours, ref, rtol=1e-5)
+
+
+def test_quantile_of_zero_confidence_is_zero():
+  assert float(t_quantile(0.0, 5)) == 0.0
+
+
+def test_two_sided_tail_matches_scipy_down_to_tiny_tails():
+  x, df = np.meshgrid(np.linspace(0.0, 60.0, 241).astype(np.float32), np.arange(1, 513, 3))
+  ours = np.asarray(jax.jit(_student_t.two_sided_tail)(x, df))
+  ref = 2 * stats.t.sf(x.astype(np.float64), df)
+  keep = ref > 1e-30
+  np.testing.assert_allclose(ours[keep], ref[keep], rtol=1e-4)
+
+
+@pytest.mark.parametrize('df', [600, 2000])
+def test_two_sided_tail_beyond_the_series(df):
+  x = np.float32([0.5, 2.0, 3.5])
+  ours = np.asarray(_student_t.two_sided_tail(x, df))
+  np.testing.assert_allclose(ours, 2 * stats.t.sf(x.astype(np.float64), df), rtol=2e-3)
