@@ -207,7 +207,7 @@ def noise_scale(
   parameters; see :func:`optax_gqc.noise_scale_estimates`. The estimates of
   :math:`|G|^2` and :math:`\operatorname{tr}(\Sigma)` are smoothed by EMAs
   (bias corrected, ``beta``) and divided: ``state.noise_scale`` is
-  :math:`B_	ext{simple}`, in examples when ``microbatch_size`` (each
+  :math:`B_\text{simple}`, in examples when ``microbatch_size`` (each
   device's batch) is given, in device batches otherwise.
 
   Place it on the local gradients, before they are averaged. It costs one

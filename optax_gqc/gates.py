@@ -51,7 +51,9 @@ def _scheduled_gate(name: str, hyperparam: optax.ScalarOrSchedule, rule) -> Gate
   return Gate(init, update)
 
 
-def norm_below(threshold: optax.ScalarOrSchedule) -> Gate:
+def norm_below(
+    threshold: optax.ScalarOrSchedule, *, relative: bool = False, beta: float = 0.99
+) -> Gate:
   r"""Steps when the norm of the mean gradient is at most ``threshold``.
 
   The rule of Gradient Norm Threshold Scheduling (GNTS):
@@ -64,18 +66,54 @@ def norm_below(threshold: optax.ScalarOrSchedule) -> Gate:
   :math:`\|\sum_i g_i\| / n`, the same number. Averaging noisy microbatches
   shrinks the norm, so a lower threshold means more accumulation.
 
+  An absolute threshold is tied to one model and one stage of training:
+  gradient norms shrink several-fold as training goes. With ``relative=True``
+  the threshold is a multiple of an EMA (decay ``beta``) of the recent
+  single-microbatch norms :math:`\|g_i\|`, a unit that follows training:
+  ``threshold=0.5`` asks for the mean to be half as long as a typical
+  microbatch gradient. Beware the signal-dominated regime (early training):
+  there :math:`\|\bar g\|` cannot fall much below :math:`\|g_i\|` however
+  many microbatches are averaged, and a ratio well below 1 waits for
+  ``max_draws``; combine it with :func:`norm_test` through :func:`any_of`,
+  which steps promptly when the noise is small.
+
   Args:
-    threshold: an absolute L2 norm, constant or a schedule of ``t``.
+    threshold: an absolute L2 norm (or, with ``relative``, a ratio), constant
+      or a schedule of ``t``.
+    relative: measure the threshold in units of the EMA of microbatch norms.
+    beta: the EMA's decay, with ``relative``.
 
   Returns:
-    A :class:`Gate` whose state reports ``threshold``.
+    A :class:`Gate`. Its state reports ``threshold``; with ``relative`` also
+    ``threshold_ratio`` (the scheduled ratio) and ``grad_norm_ema`` (the unit),
+    and ``threshold`` is their product, the absolute norm.
 
   Example:
     >>> import optax, optax_gqc
     >>> tx = optax_gqc.accumulate(optax.adam(1e-3), optax_gqc.gates.norm_below(0.5))
   """
   _checks.check_scalar_or_schedule('threshold', threshold)
-  return _scheduled_gate('threshold', threshold, lambda s, thr: s.acc_norm <= thr)
+  if not relative:
+    return _scheduled_gate('threshold', threshold, lambda s, thr: s.acc_norm <= thr)
+  _checks.check_unit_interval('beta', beta)
+
+  def init():
+    t0 = jnp.zeros([], jnp.int32)
+    return {'threshold': jnp.full([], jnp.nan, jnp.float32),
+            'threshold_ratio': _value_at(threshold, t0),
+            'grad_norm_ema': jnp.full([], jnp.nan, jnp.float32)}  # NaN: no norm seen yet
+
+  def update(stats, gate_state, **extra_args):
+    del extra_args
+    unit = gate_state['grad_norm_ema']
+    unit = jnp.where(jnp.isnan(unit), stats.grad_norm,
+                     beta * unit + (1.0 - beta) * stats.grad_norm)
+    ratio = _value_at(threshold, stats.num_batches)
+    limit = ratio * unit
+    return stats.acc_norm <= limit, {
+        'threshold': limit, 'threshold_ratio': ratio, 'grad_norm_ema': unit}
+
+  return Gate(init, update)
 
 
 def batch_size_at_least(

@@ -48,6 +48,7 @@ __all__ = [
     'polynomial_with_warmup',
     'sbc_with_polynomial_schedule',
     'sbc_with_polynomial_schedule_conventional_lr',
+    'scheduled_accumulation',
 ]
 
 
@@ -221,23 +222,49 @@ def _check_base(name: str, value: Any) -> None:
   _checks.check_scalar_or_schedule(name, value)
 
 
-def _recipe(
-    gate: gates.Gate,
+def scheduled_accumulation(
     optimizer: Callable[..., optax.GradientTransformation],
+    gate: gates.Gate,
     hyperparams: Mapping[str, optax.Schedule],
-    optimizer_kwargs: Mapping[str, Any],
-    max_draws: int,
+    *,
+    max_draws: int = 64,
+    microbatch_size: int | None = None,
+    **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
-  """``accumulate(inject_hyperparams(optimizer), gate)``, hyperparams set per microbatch.
+  """An accumulation whose inner hyperparameters follow schedules of the *microbatch* count.
 
-  Before every update, ``inner_state.hyperparams[k] = hyperparams[k](t)`` with
-  ``t`` the engine's microbatch count. Only scalars change, outside the
-  engine's ``lax.cond``, so it costs nothing per parameter.
+  ``accumulate(inject_hyperparams(optimizer)(**optimizer_kwargs, **hyperparams), gate)``,
+  except that before every update ``hyperparams[k](t)`` is written into the
+  inner state, with ``t`` the engine's microbatch count: a schedule of tokens
+  seen, as torch-gqc's schedules are, rather than of optimizer steps, whose
+  pace the gate decides. Only scalars change, outside the engine's
+  ``lax.cond``, so it costs nothing per parameter. The recipe factories of
+  this module are built on it.
+
+  Args:
+    optimizer: a factory such as ``optax.adamw``.
+    gate: the accumulation's gate.
+    hyperparams: schedules of the microbatch count, by argument name of
+      ``optimizer`` (e.g. ``{'learning_rate': ...}``).
+    max_draws: the most microbatches accumulated before a step is forced.
+    microbatch_size: examples per microbatch (optional, for statistics).
+    **optimizer_kwargs: the other arguments of ``optimizer``.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`; the current values are in
+    ``optax.tree.get(state, 'hyperparams')``.
+
+  Example:
+    >>> import optax, optax_gqc
+    >>> from optax_gqc import gates, schedules
+    >>> tx = schedules.scheduled_accumulation(
+    ...     optax.adamw, gates.norm_below(0.5),
+    ...     {'learning_rate': optax.cosine_decay_schedule(1e-3, 10_000)}, weight_decay=0.1)
   """
   inner = optax.inject_hyperparams(optimizer)(
       **optimizer_kwargs, **{k: s(jnp.zeros([], jnp.int32)) for k, s in hyperparams.items()}
   )
-  tx = accumulate(inner, gate, max_draws=max_draws)
+  tx = accumulate(inner, gate, max_draws=max_draws, microbatch_size=microbatch_size)
 
   def update_fn(updates, state, params=None, **extra_args):
     hyper = dict(state.inner_state.hyperparams)
@@ -247,6 +274,11 @@ def _recipe(
     return tx.update(updates, state, params, **extra_args)
 
   return optax.GradientTransformationExtraArgs(tx.init, update_fn)
+
+
+def _recipe(gate, optimizer, hyperparams, optimizer_kwargs, max_draws):
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
 
 
 def _lr_and_wd(learning_rate, weight_decay, lr_schedule, wd_schedule):

@@ -169,3 +169,19 @@ def test_recipes_reject_scheduled_base_values():
     schedules.gnts_with_cosine_schedule(lambda t: 0.1, 100, 10)
   with pytest.raises(ValueError, match='weight_decay'):
     schedules.gnts_with_cosine_schedule(0.1, 100, 10, weight_decay=-1.0)
+
+
+def test_scheduled_accumulation_follows_microbatches_not_steps():
+  lr_at = lambda t: 0.1 * (t + 1.0)  # noqa: E731
+  tx = schedules.scheduled_accumulation(
+      optax.sgd, optax_gqc.gates.batch_size_at_least(2, 1), {'learning_rate': lr_at},
+      max_draws=4, microbatch_size=1)
+  grads = sgd_grads(6)
+  out = hyperparams_and_updates(tx, grads)
+  for t, (updates, _) in enumerate(out):
+    if t % 2 == 1:  # steps on microbatches 1, 3, 5 with the lr of that microbatch
+      mean = (grads[t - 1]['w'] + grads[t]['w']) / 2
+      np.testing.assert_allclose(updates['w'], -lr_at(t) * mean, rtol=1e-5)
+    else:
+      assert not np.any(np.asarray(updates['w']))
+  assert int(optax_gqc.statistics(out[-1][1])['num_steps']) == 3
