@@ -61,36 +61,49 @@ def _check_steps(warmup_steps: int, total_steps: int | None = None) -> None:
     raise ValueError(f'total_steps must be an int >= 0, got {total_steps!r}')
 
 
+def _divide(x: jax.Array, divisor: float) -> jax.Array:
+  """``x / divisor`` as written.
+
+  XLA turns a division by a constant into a multiplication by its reciprocal,
+  which rounds differently: ``32 * 375 / 500`` would come out 24.000002 rather
+  than 24, and an SBC gate at 3 x 8 examples would miss the step that
+  torch-gqc takes. The barrier keeps the division.
+  """
+  return x / jax.lax.optimization_barrier(jnp.float32(divisor))
+
+
 def _schedule(
     warmup_steps: int,
     total_steps: int | None,
-    warm: Callable[[jax.Array], jax.Array],
+    warm: Callable[[jax.Array, int], jax.Array],
     anneal: Callable[[jax.Array], jax.Array],
 ) -> optax.Schedule:
-  """``warm(t / L)`` before step ``L``, then ``anneal(p)`` with ``p`` clamped."""
+  """``warm(t, L)`` before step ``L``, then ``anneal(p)`` with ``p`` clamped.
+
+  The arithmetic follows torch-schedule-anything's order of operations, so that
+  values it computes exactly (in float64) are exact here too.
+  """
 
   def schedule(count):
     t = jnp.asarray(count, jnp.float32)
-    if warmup_steps > 0:
-      warm_value = warm(t / warmup_steps)
-    else:
-      warm_value = warm(jnp.ones_like(t))
     if total_steps is None or total_steps <= warmup_steps:
       p = jnp.ones_like(t)  # torch-schedule-anything: progress 1 when M <= L
     else:
-      p = jnp.clip((t - warmup_steps) / (total_steps - warmup_steps), 0.0, 1.0)
-    return jnp.where(t < warmup_steps, warm_value, anneal(p))
+      p = jnp.clip(_divide(t - warmup_steps, total_steps - warmup_steps), 0.0, 1.0)
+    if warmup_steps == 0:
+      return anneal(p)
+    return jnp.where(t < warmup_steps, warm(t, warmup_steps), anneal(p))
 
   return schedule
 
 
 def _warm(peak_value: float):
-  return lambda frac: peak_value * frac
+  return lambda t, length: _divide(peak_value * t, length)
 
 
 def _inverse_warm(peak_value: float, warmup_multiplier: float):
   r = warmup_multiplier
-  return lambda frac: peak_value * (r - (r - 1.0) * frac)
+  return lambda t, length: peak_value * (r - _divide((r - 1.0) * t, length))
 
 
 def _cosine(peak_value: float, end_value: float):

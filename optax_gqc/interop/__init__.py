@@ -1,0 +1,6 @@
+"""Bridges between optax_gqc and other frameworks.
+
+Each bridge is a submodule with its own optional dependency, imported only when
+asked for: ``optax_gqc.interop.torch`` needs PyTorch
+(``pip install "optax-gqc[torch]"``). Importing this package imports none of them.
+"""
