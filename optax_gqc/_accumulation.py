@@ -285,15 +285,13 @@ def accumulate(
 
     # The noise-scale estimates of this step, folded into their EMAs on a step
     # that averaged n >= 2 microbatches.
+    batch = 1.0 if microbatch_size is None else microbatch_size
     grad_sq_est, trace_est = noise_scale_estimates(
-        1.0 if microbatch_size is None else microbatch_size,
-        stats.sum_sq_norms / n,
-        n * (1.0 if microbatch_size is None else microbatch_size),
-        jnp.square(acc_norm),
-    )
+        batch, stats.sum_sq_norms / n, n * batch, jnp.square(acc_norm))
     fold = step & (n >= 2)
-    ema = lambda old, new: jnp.where(  # noqa: E731
-        fold, noise_beta * old + (1.0 - noise_beta) * new, old)
+
+    def ema(old, new):
+      return jnp.where(fold, noise_beta * old + (1.0 - noise_beta) * new, old)
 
     zero_f = jnp.zeros([], jnp.float32)
     new_state = AccumulateState(
