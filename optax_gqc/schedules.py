@@ -289,11 +289,6 @@ def scheduled_accumulation(
   return optax.GradientTransformationExtraArgs(tx.init, update_fn)
 
 
-def _recipe(gate, optimizer, hyperparams, optimizer_kwargs, max_draws):
-  return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
-
-
 def _lr_and_wd(learning_rate, weight_decay, lr_schedule, wd_schedule):
   """Schedules of the learning rate and (when given) the weight decay."""
   _check_base('learning_rate', learning_rate)
@@ -359,9 +354,9 @@ def gnts_with_cosine_schedule(
       lambda lr: constant_with_warmup(lr, warmup_steps),
       lambda wd: cosine_with_warmup(wd, 0.0, warmup_steps, total_steps),
   )
-  return _recipe(
-      gates.norm_below(threshold), optimizer, hyperparams, optimizer_kwargs, max_draws
-  )
+  gate = gates.norm_below(threshold)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
 
 
 def gnts_with_cosine_schedule_conventional_lr(
@@ -390,9 +385,9 @@ def gnts_with_cosine_schedule_conventional_lr(
   hyperparams = _lr_and_wd(
       learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
   )
-  return _recipe(
-      gates.norm_below(threshold), optimizer, hyperparams, optimizer_kwargs, max_draws
-  )
+  gate = gates.norm_below(threshold)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
 
 
 def _gnr_recipe(target, optimizer, hyperparams, optimizer_kwargs):
@@ -525,7 +520,8 @@ def sbc_with_polynomial_schedule(
       lambda wd: cosine_with_warmup(wd, 0.0, warmup_steps, total_steps),
   )
   gate = gates.batch_size_at_least(batch, microbatch_size)
-  return _recipe(gate, optimizer, hyperparams, optimizer_kwargs, max_draws)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
 
 
 def sbc_with_polynomial_schedule_conventional_lr(
@@ -555,7 +551,8 @@ def sbc_with_polynomial_schedule_conventional_lr(
       learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
   )
   gate = gates.batch_size_at_least(batch, microbatch_size)
-  return _recipe(gate, optimizer, hyperparams, optimizer_kwargs, max_draws)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
 
 
 def gns_with_cosine_schedule(
@@ -598,9 +595,9 @@ def gns_with_cosine_schedule(
   hyperparams = _lr_and_wd(
       learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
   )
-  return _recipe(
-      gates.noise_ratio_below(tolerance), optimizer, hyperparams, optimizer_kwargs, max_draws
-  )
+  gate = gates.noise_ratio_below(tolerance)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
 
 
 def gns_default(
@@ -625,7 +622,8 @@ def gns_default(
       learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
   )
   gate = gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup_steps))
-  return _recipe(gate, optimizer, hyperparams, optimizer_kwargs, max_draws)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
 
 
 def mht_with_warmup_schedule(
@@ -670,4 +668,5 @@ def mht_with_warmup_schedule(
   hyperparams = _lr_and_wd(
       learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
   )
-  return _recipe(gate, optimizer, hyperparams, optimizer_kwargs, max_draws)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
