@@ -289,14 +289,20 @@ def scheduled_accumulation(
   return optax.GradientTransformationExtraArgs(tx.init, update_fn)
 
 
-def _lr_and_wd(learning_rate, weight_decay, lr_schedule, wd_schedule):
-  """Schedules of the learning rate and (when given) the weight decay."""
+def _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps):
+  """torch-gqc's usual recipe: lr warms up and stays; weight decay warms up, then anneals to 0."""
   _check_base('learning_rate', learning_rate)
-  out = {'learning_rate': lr_schedule(learning_rate)}
+  out = {'learning_rate': constant_with_warmup(learning_rate, warmup_steps)}
   if weight_decay is not None:
     _check_base('weight_decay', weight_decay)
-    out['weight_decay'] = wd_schedule(weight_decay)
+    out['weight_decay'] = cosine_with_warmup(weight_decay, 0.0, warmup_steps, total_steps)
   return out
+
+
+def _conventional_lr(learning_rate, warmup_steps, total_steps):
+  """The ``_conventional_lr`` recipes: lr warms up, then a quarter cosine to 0."""
+  _check_base('learning_rate', learning_rate)
+  return {'learning_rate': cosine_with_warmup(learning_rate, 0.0, warmup_steps, total_steps)}
 
 
 def gnts_with_cosine_schedule(
@@ -349,11 +355,7 @@ def gnts_with_cosine_schedule(
   threshold = cosine_with_inverse_warmup(
       initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
   )
-  hyperparams = _lr_and_wd(
-      learning_rate, weight_decay,
-      lambda lr: constant_with_warmup(lr, warmup_steps),
-      lambda wd: cosine_with_warmup(wd, 0.0, warmup_steps, total_steps),
-  )
+  hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
   gate = gates.norm_below(threshold)
   return scheduled_accumulation(
       optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
@@ -382,9 +384,7 @@ def gnts_with_cosine_schedule_conventional_lr(
   threshold = cosine_with_inverse_warmup(
       initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
   )
-  hyperparams = _lr_and_wd(
-      learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
-  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   gate = gates.norm_below(threshold)
   return scheduled_accumulation(
       optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
@@ -436,11 +436,7 @@ def gnr_with_cosine_schedule(
   _check_base('initial_norm', initial_norm)
   _check_base('final_norm', final_norm)
   target = cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
-  hyperparams = _lr_and_wd(
-      learning_rate, weight_decay,
-      lambda lr: constant_with_warmup(lr, warmup_steps),
-      lambda wd: cosine_with_warmup(wd, 0.0, warmup_steps, total_steps),
-  )
+  hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
   return _gnr_recipe(target, optimizer, hyperparams, optimizer_kwargs)
 
 
@@ -464,9 +460,7 @@ def gnr_with_cosine_schedule_conventional_lr(
   _check_base('initial_norm', initial_norm)
   _check_base('final_norm', final_norm)
   target = cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
-  hyperparams = _lr_and_wd(
-      learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
-  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   return _gnr_recipe(target, optimizer, hyperparams, optimizer_kwargs)
 
 
@@ -514,11 +508,7 @@ def sbc_with_polynomial_schedule(
   batch = polynomial_with_warmup(
       initial_batch_size, final_batch_size, warmup_steps, total_steps, power
   )
-  hyperparams = _lr_and_wd(
-      learning_rate, weight_decay,
-      lambda lr: constant_with_warmup(lr, warmup_steps),
-      lambda wd: cosine_with_warmup(wd, 0.0, warmup_steps, total_steps),
-  )
+  hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
   gate = gates.batch_size_at_least(batch, microbatch_size)
   return scheduled_accumulation(
       optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
@@ -547,9 +537,7 @@ def sbc_with_polynomial_schedule_conventional_lr(
   batch = polynomial_with_warmup(
       initial_batch_size, final_batch_size, warmup_steps, total_steps, power
   )
-  hyperparams = _lr_and_wd(
-      learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
-  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   gate = gates.batch_size_at_least(batch, microbatch_size)
   return scheduled_accumulation(
       optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
@@ -592,9 +580,7 @@ def gns_with_cosine_schedule(
   tolerance = cosine_with_inverse_warmup(
       initial_tolerance, final_tolerance, warmup_steps, total_steps, warmup_multiplier
   )
-  hyperparams = _lr_and_wd(
-      learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
-  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   gate = gates.noise_ratio_below(tolerance)
   return scheduled_accumulation(
       optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
@@ -618,9 +604,7 @@ def gns_default(
   factory keeps) to ``tolerance`` over the warmup, then stays. Arguments as in
   :func:`gns_with_cosine_schedule`.
   """
-  hyperparams = _lr_and_wd(
-      learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
-  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   gate = gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup_steps))
   return scheduled_accumulation(
       optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
@@ -665,8 +649,6 @@ def mht_with_warmup_schedule(
       cosine_with_warmup(percent_error, percent_error, warmup_steps, total_steps),
       beta=beta,
   )
-  hyperparams = _lr_and_wd(
-      learning_rate, None, lambda lr: cosine_with_warmup(lr, 0.0, warmup_steps, total_steps), None
-  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   return scheduled_accumulation(
       optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
