@@ -243,7 +243,10 @@ def noise_scale(
     small_sq = jax.lax.pmean(_sq_norm(updates), axis_name)
     big_sq = _sq_norm(jax.lax.pmean(updates, axis_name))
     grad_sq, trace = noise_scale_estimates(batch, small_sq, devices * batch, big_sq)
-    ema = lambda old, new: beta * old + (1.0 - beta) * new  # noqa: E731
+
+    def ema(old, new):
+      return beta * old + (1.0 - beta) * new
+
     g_ema, t_ema = ema(state.grad_sq_norm_ema, grad_sq), ema(state.trace_cov_ema, trace)
     return updates, NoiseScaleState(g_ema, t_ema, ema(state.noise_weight, 1.0), t_ema / g_ema)
 
