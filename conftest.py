@@ -17,4 +17,5 @@ def pytest_configure(config):
     config.option.ignore = [
         *(config.option.ignore or []),
         str(config.rootpath / 'optax_gqc' / 'interop' / 'torch.py'),
+        str(config.rootpath / 'optax_gqc' / 'interop' / 'torch_replay.py'),
     ]

@@ -7,7 +7,6 @@ that mean. The whole decision is one ``jax.lax.cond`` on device.
 """
 
 import functools
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -15,35 +14,9 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks
-
-
-class DrawStats(NamedTuple):
-  """The running scalars a gate decides from, after the latest microbatch.
-
-  All fields are 0-d arrays; norms are global L2 norms over the whole pytree.
-  """
-
-  num_draws: jax.Array  # int32: microbatches in the current accumulation (n >= 1).
-  num_batches: jax.Array  # int32: microbatches accepted before this one (t).
-  grad_norm: jax.Array  # float32: ||g_i|| of the latest microbatch.
-  acc_norm: jax.Array  # float32: ||gbar||, the norm of the mean gradient.
-  sum_sq_norms: jax.Array  # float32: sum_i ||g_i||^2 over the accumulation.
-  sum_norms: jax.Array  # float32: sum_i ||g_i|| over the accumulation.
-
-
-class Gate(NamedTuple):
-  """A decision rule: when is the accumulated mean gradient good enough?
-
-  Attributes:
-    init: ``() -> gate_state``, a pytree of scalars fixed at ``init``. By
-      convention a dict whose entries include the gate's current
-      hyperparameters (e.g. ``threshold``), so :func:`statistics` reports them.
-    update: ``(stats, gate_state, **extra_args) -> (step, gate_state)`` with
-      ``stats`` a :class:`DrawStats` and ``step`` a boolean scalar.
-  """
-
-  init: Callable[[], Any]
-  update: Callable[..., tuple[jax.Array, Any]]
+from optax_gqc._noise_scale import noise_scale_estimates
+from optax_gqc._numerics import sq_norm
+from optax_gqc.gates import DrawStats, Gate
 
 
 class AccumulateState(NamedTuple):
@@ -69,15 +42,6 @@ class AccumulateState(NamedTuple):
   # Sum of the current accumulation's gradients. Not zeroed on a step: the
   # next microbatch ignores it when num_draws == 0, which saves a pass.
   accumulator: Any
-
-
-def _sq_norm(tree: Any) -> jax.Array:
-  """Squared global L2 norm, summed in float32 whatever the leaves' dtype."""
-  leaves = jax.tree.leaves(tree)
-  return sum(
-      (jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves),
-      start=jnp.zeros([], jnp.float32),
-  )
 
 
 def _check_like_params(updates: Any, accumulator: Any) -> None:
@@ -231,7 +195,7 @@ def accumulate(
 
   def update_fn(updates, state, params=None, **extra_args):
     _check_like_params(updates, state.accumulator)
-    grad_sq = _sq_norm(updates)
+    grad_sq = sq_norm(updates)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
     fresh = state.num_draws == 0
     n = state.num_draws + 1
@@ -245,7 +209,7 @@ def accumulate(
       return jnp.where(ok, jnp.where(fresh, g, acc + g), acc)
 
     accumulator = jax.tree.map(add, state.accumulator, updates)
-    acc_norm = jnp.sqrt(_sq_norm(accumulator)) / n
+    acc_norm = jnp.sqrt(sq_norm(accumulator)) / n
     grad_norm = jnp.sqrt(grad_sq)
     keep = jnp.where(fresh, 0.0, 1.0)
     stats = DrawStats(
@@ -314,49 +278,6 @@ def accumulate(
     return new_updates, new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
-
-def noise_scale_estimates(
-    small_batch: Any, small_sq_norm: Any, big_batch: Any, big_sq_norm: Any
-) -> tuple[jax.Array, jax.Array]:
-  r"""Unbiased estimates of :math:`|G|^2` and :math:`\operatorname{tr}(\Sigma)` from two batches.
-
-  From the squared norms of the mean gradient of a small batch of
-  :math:`B_s` examples and a big batch of :math:`B_b` examples, taken at the
-  same parameters (McCandlish et al. 2018, appendix A):
-
-  .. math::
-
-    |G|^2 \approx \frac{B_b |G_b|^2 - B_s |G_s|^2}{B_b - B_s}, \qquad
-    \operatorname{tr}(\Sigma) \approx \frac{|G_s|^2 - |G_b|^2}{1/B_s - 1/B_b}.
-
-  Average each over many steps before dividing: the noise scale
-  :math:`B_\text{simple} = \operatorname{tr}(\Sigma) / |G|^2` is the ratio of
-  the averages; the average of per-step ratios is badly biased.
-
-  Args:
-    small_batch: :math:`B_s`.
-    small_sq_norm: :math:`|G_s|^2`.
-    big_batch: :math:`B_b > B_s`.
-    big_sq_norm: :math:`|G_b|^2`.
-
-  Returns:
-    ``(grad_sq_norm, trace_cov)``, float32 scalars (or arrays, broadcast).
-
-  Example:
-    >>> import optax_gqc
-    >>> [float(x) for x in optax_gqc.noise_scale_estimates(8, 7.25, 64, 1.78125)]
-    [1.0, 50.0]
-
-  References:
-    McCandlish et al, `An Empirical Model of Large-Batch Training
-    <https://arxiv.org/abs/1812.06162>`_, 2018
-  """
-  b_s, g_s, b_b, g_b = (jnp.asarray(x, jnp.float32) for x in
-                        (small_batch, small_sq_norm, big_batch, big_sq_norm))
-  grad_sq_norm = (b_b * g_b - b_s * g_s) / (b_b - b_s)
-  trace_cov = (g_s - g_b) / (1.0 / b_s - 1.0 / b_b)
-  return grad_sq_norm, trace_cov
 
 
 def _inner_update(inner, extra_args, updates, inner_state, params):

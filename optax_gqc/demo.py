@@ -199,7 +199,7 @@ def make_arms(args, count: int, fixed_draws: int) -> dict[str, Any]:
           optax.adamw(cosine(count // fixed_draws), weight_decay=wd),
           logical_batch_size=fixed_draws * args.microbatch, microbatch_size=args.microbatch,
           max_draws=fixed_draws),
-      'gnts': lambda: schedules.scheduled_accumulation(
+      'gnts': lambda: optax_gqc.scheduled_accumulation(
           optax.adamw, gnts_gate, {'learning_rate': gnts_lr}, max_draws=args.max_draws,
           microbatch_size=args.microbatch, weight_decay=wd),
   }

@@ -8,13 +8,13 @@ functions of ``t``, the number of microbatches accepted before the current one
 """
 
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._accumulation import DrawStats, Gate
 from optax_gqc._student_t import t_quantile, two_sided_tail
 
 __all__ = [
@@ -30,6 +30,36 @@ __all__ = [
     'norm_test',
     't_quantile',
 ]
+
+
+class DrawStats(NamedTuple):
+  """The running scalars a gate decides from, after the latest microbatch.
+
+  All fields are 0-d arrays; norms are global L2 norms over the whole pytree.
+  """
+
+  num_draws: jax.Array  # int32: microbatches in the current accumulation (n >= 1).
+  num_batches: jax.Array  # int32: microbatches accepted before this one (t).
+  grad_norm: jax.Array  # float32: ||g_i|| of the latest microbatch.
+  acc_norm: jax.Array  # float32: ||gbar||, the norm of the mean gradient.
+  sum_sq_norms: jax.Array  # float32: sum_i ||g_i||^2 over the accumulation.
+  sum_norms: jax.Array  # float32: sum_i ||g_i|| over the accumulation.
+
+
+class Gate(NamedTuple):
+  """A decision rule: when is the accumulated mean gradient good enough?
+
+  Attributes:
+    init: ``() -> gate_state``, a pytree of scalars fixed at ``init``. By
+      convention a dict whose entries include the gate's current
+      hyperparameters (e.g. ``threshold``), so :func:`statistics` reports them.
+    update: ``(stats, gate_state, **extra_args) -> (step, gate_state)`` with
+      ``stats`` a :class:`DrawStats` and ``step`` a boolean scalar.
+  """
+
+  init: Callable[[], Any]
+  update: Callable[..., tuple[jax.Array, Any]]
+
 
 
 def _value_at(hyperparam: optax.ScalarOrSchedule, t: jax.Array) -> jax.Array:

@@ -1,14 +1,12 @@
-"""Tests of the schedules and of the torch-gqc recipe ports."""
+"""Tests of the schedule primitives."""
 
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
-import optax_gqc
 from optax_gqc import schedules
 
 L, M = 10, 50
@@ -75,113 +73,3 @@ def test_zero_warmup_and_total_not_after_warmup():
 def test_bad_step_counts_raise(bad):
   with pytest.raises(ValueError, match='warmup_steps'):
     schedules.cosine_with_warmup(1.0, 0.0, bad, 10)
-
-
-def sgd_grads(num, seed=0):
-  keys = jax.random.split(jax.random.key(seed), num)
-  return [{'w': jax.random.normal(k, (6,))} for k in keys]
-
-
-def hyperparams_and_updates(tx, grads):
-  params = {'w': jnp.zeros(6)}
-  state = tx.init(params)
-  update = jax.jit(tx.update)
-  out = []
-  for g in grads:
-    updates, state = update(g, state, params)
-    out.append((updates, state))
-  return out
-
-
-def test_gnts_recipe_uses_lr_and_threshold_of_the_microbatch():
-  lr = 0.3
-  tx = schedules.gnts_with_cosine_schedule(
-      lr, total_steps=40, warmup_steps=8, initial_threshold=1e3, final_threshold=1e3,
-      optimizer=optax.sgd, weight_decay=None)
-  grads = sgd_grads(40)
-  lr_at = schedules.constant_with_warmup(lr, 8)
-  thr_at = schedules.cosine_with_inverse_warmup(1e3, 1e3, 8, 40, 10.0)
-  for t, (g, (updates, state)) in enumerate(
-      zip(grads, hyperparams_and_updates(tx, grads), strict=True)):
-    # the threshold is huge: a step on every microbatch, with the lr of that microbatch
-    np.testing.assert_allclose(updates['w'], -float(lr_at(t)) * g['w'], rtol=1e-6, atol=1e-9)
-    assert float(optax_gqc.statistics(state)['threshold']) == pytest.approx(float(thr_at(t)))
-
-
-@pytest.mark.parametrize('conventional', [False, True])
-def test_gnts_recipe_schedules_lr_and_weight_decay_per_microbatch(conventional):
-  lr, wd = 1e-2, 0.1
-  if conventional:
-    tx = schedules.gnts_with_cosine_schedule_conventional_lr(
-        lr, total_steps=30, warmup_steps=5, weight_decay=wd)
-    lr_at = schedules.cosine_with_warmup(lr, 0.0, 5, 30)
-    wd_at = lambda t: wd  # noqa: E731
-  else:
-    tx = schedules.gnts_with_cosine_schedule(lr, 30, 5, weight_decay=wd)
-    lr_at = schedules.constant_with_warmup(lr, 5)
-    wd_at = schedules.cosine_with_warmup(wd, 0.0, 5, 30)
-  for t, (_, state) in enumerate(hyperparams_and_updates(tx, sgd_grads(30))):
-    hyper = optax.tree.get(state, 'hyperparams')
-    # float32 cosines, computed under jit and eagerly: equal to a few ulps of the base
-    assert float(hyper['learning_rate']) == pytest.approx(float(lr_at(t)), abs=1e-6 * lr)
-    assert float(hyper['weight_decay']) == pytest.approx(float(wd_at(t)), abs=1e-6 * wd)
-
-
-@pytest.mark.parametrize('conventional', [False, True])
-def test_sbc_recipe_grows_the_logical_batch(conventional):
-  make = (schedules.sbc_with_polynomial_schedule_conventional_lr if conventional
-          else schedules.sbc_with_polynomial_schedule)
-  tx = make(1e-2, microbatch_size=4, initial_batch_size=8, final_batch_size=32,
-            total_steps=60, warmup_steps=6, power=2.0)
-  batch_at = schedules.polynomial_with_warmup(8.0, 32.0, 6, 60, 2.0)
-  draws, n = [], 0
-  for t, (_, state) in enumerate(hyperparams_and_updates(tx, sgd_grads(60))):
-    n += 1
-    stats = optax_gqc.statistics(state)
-    assert float(stats['logical_batch_size']) == pytest.approx(float(batch_at(t)))
-    if n * 4 >= float(batch_at(t)):
-      draws.append(n)
-      n = 0
-    assert int(stats['num_draws']) == n
-  assert draws[:4] == [1] * 4 and max(draws) == 8  # early on every microbatch, then up to 32/4
-
-
-@pytest.mark.parametrize('conventional', [False, True])
-def test_gnr_recipe_rescales_and_schedules(conventional):
-  lr = 0.5
-  if conventional:
-    tx = schedules.gnr_with_cosine_schedule_conventional_lr(
-        lr, initial_norm=2.0, final_norm=1.0, total_steps=20, warmup_steps=4, optimizer=optax.sgd)
-    lr_at = schedules.cosine_with_warmup(lr, 0.0, 4, 20)
-  else:
-    tx = schedules.gnr_with_cosine_schedule(
-        lr, initial_norm=2.0, final_norm=1.0, total_steps=20, warmup_steps=4,
-        optimizer=optax.sgd, weight_decay=None)
-    lr_at = schedules.constant_with_warmup(lr, 4)
-  norm_at = schedules.cosine_with_warmup(2.0, 1.0, 4, 20)
-  for t, (updates, _) in enumerate(hyperparams_and_updates(tx, sgd_grads(20))):
-    expected = float(lr_at(t)) * float(norm_at(t))
-    assert float(optax.tree.norm(updates)) == pytest.approx(expected, rel=1e-5, abs=1e-7)
-
-
-def test_recipes_reject_scheduled_base_values():
-  with pytest.raises(TypeError, match='learning_rate'):
-    schedules.gnts_with_cosine_schedule(lambda t: 0.1, 100, 10)
-  with pytest.raises(ValueError, match='weight_decay'):
-    schedules.gnts_with_cosine_schedule(0.1, 100, 10, weight_decay=-1.0)
-
-
-def test_scheduled_accumulation_follows_microbatches_not_steps():
-  lr_at = lambda t: 0.1 * (t + 1.0)  # noqa: E731
-  tx = schedules.scheduled_accumulation(
-      optax.sgd, optax_gqc.gates.batch_size_at_least(2, 1), {'learning_rate': lr_at},
-      max_draws=4, microbatch_size=1)
-  grads = sgd_grads(6)
-  out = hyperparams_and_updates(tx, grads)
-  for t, (updates, _) in enumerate(out):
-    if t % 2 == 1:  # steps on microbatches 1, 3, 5 with the lr of that microbatch
-      mean = (grads[t - 1]['w'] + grads[t]['w']) / 2
-      np.testing.assert_allclose(updates['w'], -lr_at(t) * mean, rtol=1e-5)
-    else:
-      assert not np.any(np.asarray(updates['w']))
-  assert int(optax_gqc.statistics(out[-1][1])['num_steps']) == 3

@@ -130,14 +130,14 @@ def test_norm_test_gate_matches_its_formula():
 
 def test_gns_and_mht_recipes_schedule_their_gates():
   grads = scaled_stream(np.ones(12))
-  tx = schedules.gns_with_cosine_schedule(1e-2, 0.1, 0.01, total_steps=12, warmup_steps=4)
+  tx = optax_gqc.gns_with_cosine_schedule(1e-2, 0.1, 0.01, total_steps=12, warmup_steps=4)
   _, state = decisions(tx, grads)
   assert float(optax_gqc.statistics(state)['tolerance']) == pytest.approx(
       float(schedules.cosine_with_inverse_warmup(0.1, 0.01, 4, 12, 10.0)(11)))
-  tx = schedules.gns_default(1e-2, 0.05, total_steps=12, warmup_steps=4)
+  tx = optax_gqc.gns_default(1e-2, 0.05, total_steps=12, warmup_steps=4)
   _, state = decisions(tx, grads[:2])
   assert float(optax_gqc.statistics(state)['tolerance']) == pytest.approx(0.05 * (20 - 19 / 4))
-  tx = schedules.mht_with_warmup_schedule(1e-2, 0.95, 0.1, total_steps=12, warmup_steps=4)
+  tx = optax_gqc.mht_with_warmup_schedule(1e-2, 0.95, 0.1, total_steps=12, warmup_steps=4)
   _, state = decisions(tx, grads[:3], losses=[1.0, 1.1, 0.9])
   stats_now = optax_gqc.statistics(state)
   assert float(stats_now['confidence']) == pytest.approx(0.95 * 2 / 4)

@@ -12,7 +12,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from optax_gqc.interop.torch import first_divergence  # noqa: E402
+from optax_gqc.interop.torch_replay import first_divergence  # noqa: E402
 
 # The models here are tiny: torch's thread pool would only contend with XLA's
 # for the few cores (and its idle threads spin), slowing both sides down.

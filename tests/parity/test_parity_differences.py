@@ -16,7 +16,7 @@ from parity_common import tsa_values  # noqa: E402
 
 import optax_gqc  # noqa: E402
 from optax_gqc import schedules  # noqa: E402
-from optax_gqc.interop.torch import replay  # noqa: E402
+from optax_gqc.interop.torch_replay import replay  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings('ignore:Detected call of:UserWarning')
 

@@ -10,7 +10,7 @@ import parity_common as pc  # noqa: E402
 
 import optax_gqc  # noqa: E402
 from optax_gqc import schedules  # noqa: E402
-from optax_gqc.interop.torch import replay  # noqa: E402
+from optax_gqc.interop.torch_replay import replay  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings('ignore:Detected call of:UserWarning')
 

@@ -10,8 +10,7 @@ import numpy as np  # noqa: E402
 import parity_common as pc  # noqa: E402
 
 import optax_gqc  # noqa: E402
-from optax_gqc import schedules  # noqa: E402
-from optax_gqc.interop.torch import replay  # noqa: E402
+from optax_gqc.interop.torch_replay import replay  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(
     'ignore:Detected call of:UserWarning', 'ignore:var\\(\\):UserWarning')
@@ -80,18 +79,18 @@ RECIPES = {
     'gns_with_cosine_schedule': (
         lambda ps: gqc.make_gns_with_cosine_annealing_schedule(
             pc.torch_adamw(ps), 0.02, 0.01, M, L, 10, MAX_DRAWS),
-        schedules.gns_with_cosine_schedule(pc.LR, 0.02, 0.01, M, L, 10, MAX_DRAWS, **OPT),
+        optax_gqc.gns_with_cosine_schedule(pc.LR, 0.02, 0.01, M, L, 10, MAX_DRAWS, **OPT),
         None,
     ),
     'gns_default': (
         lambda ps: gqc.make_gns_default(pc.torch_adamw(ps), 0.02, M, L, MAX_DRAWS),
-        schedules.gns_default(pc.LR, 0.02, M, L, MAX_DRAWS, **OPT),
+        optax_gqc.gns_default(pc.LR, 0.02, M, L, MAX_DRAWS, **OPT),
         None,
     ),
     'mht_with_warmup_schedule': (
         lambda ps: mht_ref.make_mht_with_warmup_schedule(
             pc.torch_adamw(ps), 0.9, 0.1, M, L, MAX_DRAWS),
-        schedules.mht_with_warmup_schedule(pc.LR, 0.9, 0.1, M, L, MAX_DRAWS, **OPT),
+        optax_gqc.mht_with_warmup_schedule(pc.LR, 0.9, 0.1, M, L, MAX_DRAWS, **OPT),
         _losses(),
     ),
 }

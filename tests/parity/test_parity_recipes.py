@@ -9,8 +9,8 @@ pytest.importorskip('torch_schedule_anything')
 import optax  # noqa: E402
 import parity_common as pc  # noqa: E402
 
-from optax_gqc import schedules  # noqa: E402
-from optax_gqc.interop.torch import replay  # noqa: E402
+import optax_gqc  # noqa: E402
+from optax_gqc.interop.torch_replay import replay  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings('ignore:Detected call of:UserWarning')
 
@@ -28,32 +28,32 @@ RECIPES = {
     'gnts': (
         lambda ps: gqc.make_gnts_with_cosine_annealing_schedule(
             pc.torch_adamw(ps), M, L, *THRESHOLDS, MAX_DRAWS),
-        schedules.gnts_with_cosine_schedule(pc.LR, M, L, *THRESHOLDS, MAX_DRAWS, **OPT),
+        optax_gqc.gnts_with_cosine_schedule(pc.LR, M, L, *THRESHOLDS, MAX_DRAWS, **OPT),
     ),
     'gnts_conventional_lr': (
         lambda ps: gqc.make_gnts_with_cosine_annealing_schedule_conventional_lr(
             pc.torch_adamw(ps), M, L, *THRESHOLDS, MAX_DRAWS),
-        schedules.gnts_with_cosine_schedule_conventional_lr(
+        optax_gqc.gnts_with_cosine_schedule_conventional_lr(
             pc.LR, M, L, *THRESHOLDS, MAX_DRAWS, **OPT),
     ),
     'gnr': (
         lambda ps: gqc.make_gnr_with_cosine_annealing_schedule(pc.torch_adamw(ps), *NORMS, M, L),
-        schedules.gnr_with_cosine_schedule(pc.LR, *NORMS, M, L, **OPT),
+        optax_gqc.gnr_with_cosine_schedule(pc.LR, *NORMS, M, L, **OPT),
     ),
     'gnr_conventional_lr': (
         lambda ps: gqc.make_gnr_with_cosine_annealing_schedule_conventional_lr(
             pc.torch_adamw(ps), *NORMS, M, L),
-        schedules.gnr_with_cosine_schedule_conventional_lr(pc.LR, *NORMS, M, L, **OPT),
+        optax_gqc.gnr_with_cosine_schedule_conventional_lr(pc.LR, *NORMS, M, L, **OPT),
     ),
     'sbc': (
         lambda ps: gqc.make_sbc_with_polynomial_schedule(
             pc.torch_adamw(ps), *SBC, M, L, 2.0, MAX_DRAWS),
-        schedules.sbc_with_polynomial_schedule(pc.LR, *SBC, M, L, 2.0, MAX_DRAWS, **OPT),
+        optax_gqc.sbc_with_polynomial_schedule(pc.LR, *SBC, M, L, 2.0, MAX_DRAWS, **OPT),
     ),
     'sbc_conventional_lr': (
         lambda ps: gqc.make_sbc_with_polynomial_schedule_conventional_lr(
             pc.torch_adamw(ps), *SBC, M, L, 2.0, MAX_DRAWS),
-        schedules.sbc_with_polynomial_schedule_conventional_lr(
+        optax_gqc.sbc_with_polynomial_schedule_conventional_lr(
             pc.LR, *SBC, M, L, 2.0, MAX_DRAWS, **OPT),
     ),
 }
@@ -106,7 +106,7 @@ def test_sbc_schedule_landing_on_a_multiple_of_the_microbatch():
   records = replay(
       lambda ps: gqc.make_sbc_with_polynomial_schedule(
           torch.optim.SGD(ps, lr=0.01), mb, initial, final, total, warmup, 2.0, 64),
-      schedules.sbc_with_polynomial_schedule(
+      optax_gqc.sbc_with_polynomial_schedule(
           0.01, mb, initial, final, total, warmup, 2.0, 64,
           optimizer=optax.sgd, weight_decay=None),
       {'w': pc.initial_params()['b']}, [{'w': g['b']} for g in pc.noisy_stream(380)],

@@ -10,7 +10,7 @@ import numpy as np  # noqa: E402
 import parity_common as pc  # noqa: E402
 
 from optax_gqc._sgd_sai import sgd_sai  # noqa: E402
-from optax_gqc.interop.torch import replay  # noqa: E402
+from optax_gqc.interop.torch_replay import replay  # noqa: E402
 
 SHAPES = {'matrix': (8, 6), 'vector': (6,), 'cube': (3, 4, 2), 'pair': (2,)}
 NUM_STEPS = 200

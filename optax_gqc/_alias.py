@@ -1,13 +1,12 @@
-"""The published GQC algorithms as Optax transformations."""
+"""The published GQC algorithms: the engine composed with a gate."""
 
-from typing import Any, NamedTuple
+from typing import Any
 
-import jax
-import jax.numpy as jnp
 import optax
 
-from optax_gqc import _checks, gates
-from optax_gqc._accumulation import _sq_norm, accumulate, noise_scale_estimates
+from optax_gqc import gates
+from optax_gqc._accumulation import accumulate
+from optax_gqc._scale_to_norm import scale_to_norm
 
 
 def gnts(
@@ -25,7 +24,7 @@ def gnts(
   as :math:`\|\bar g\| \le \text{threshold}(t)` (or after ``max_draws``
   microbatches). The Optax port of torch-gqc's ``OptimizerWrapperGNTS``; see
   :func:`optax_gqc.accumulate` for the mechanics and
-  :func:`optax_gqc.schedules.gnts_with_cosine_schedule` for its recipe.
+  :func:`optax_gqc.gnts_with_cosine_schedule` for its recipe.
 
   Args:
     inner: the optimizer that steps on the mean gradient.
@@ -184,128 +183,6 @@ def norm_test_accumulation(
       inner, gates.norm_test(eta), max_draws=max_draws, microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype, skip_nonfinite=skip_nonfinite,
   )
-
-
-class NoiseScaleState(NamedTuple):
-  """State of :func:`noise_scale`."""
-
-  grad_sq_norm_ema: jax.Array  # float32: raw EMA of the |G|^2 estimates.
-  trace_cov_ema: jax.Array  # float32: raw EMA of the tr(Sigma) estimates.
-  noise_weight: jax.Array  # float32: 1 - beta^k after k updates, the EMAs' weight.
-  noise_scale: jax.Array  # float32: B_simple, the ratio of the EMAs.
-
-
-def noise_scale(
-    beta: float = 0.99, *, axis_name: Any, microbatch_size: int | None = None
-) -> optax.GradientTransformation:
-  r"""Estimates the gradient noise scale across data-parallel devices; passes updates through.
-
-  Under ``shard_map`` (or ``pmap``, or a named ``vmap``) over ``axis_name``,
-  each of the :math:`D` devices holds the gradient of its own batch: that is
-  the small batch (:math:`B_s`, its squared norm averaged over the devices),
-  and their ``pmean`` the big one (:math:`B_b = D B_s`), both at the same
-  parameters; see :func:`optax_gqc.noise_scale_estimates`. The estimates of
-  :math:`|G|^2` and :math:`\operatorname{tr}(\Sigma)` are smoothed by EMAs
-  (bias corrected, ``beta``) and divided: ``state.noise_scale`` is
-  :math:`B_\text{simple}`, in examples when ``microbatch_size`` (each
-  device's batch) is given, in device batches otherwise.
-
-  Place it on the local gradients, before they are averaged. It costs one
-  ``pmean`` of the gradient, and scalar work. On one device,
-  :func:`optax_gqc.accumulate` estimates the same quantity from its
-  microbatches.
-
-  Args:
-    beta: EMA decay.
-    axis_name: the data-parallel axis name.
-    microbatch_size: examples per device batch (optional).
-
-  Returns:
-    A :class:`optax.GradientTransformation` that returns its input.
-
-  References:
-    McCandlish et al, `An Empirical Model of Large-Batch Training
-    <https://arxiv.org/abs/1812.06162>`_, 2018
-  """
-  _checks.check_unit_interval('beta', beta)
-  if microbatch_size is not None:
-    _checks.check_positive_int('microbatch_size', microbatch_size)
-  batch = 1.0 if microbatch_size is None else float(microbatch_size)
-
-  def init_fn(params):
-    del params
-    zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
-    return NoiseScaleState(zero(), zero(), zero(), jnp.full([], jnp.nan, jnp.float32))
-
-  def update_fn(updates, state, params=None):
-    del params
-    devices = jax.lax.psum(1, axis_name)
-    small_sq = jax.lax.pmean(_sq_norm(updates), axis_name)
-    big_sq = _sq_norm(jax.lax.pmean(updates, axis_name))
-    grad_sq, trace = noise_scale_estimates(batch, small_sq, devices * batch, big_sq)
-
-    def ema(old, new):
-      return beta * old + (1.0 - beta) * new
-
-    g_ema, t_ema = ema(state.grad_sq_norm_ema, grad_sq), ema(state.trace_cov_ema, trace)
-    return updates, NoiseScaleState(g_ema, t_ema, ema(state.noise_weight, 1.0), t_ema / g_ema)
-
-  return optax.GradientTransformation(init_fn, update_fn)
-
-
-class ScaleToNormState(NamedTuple):
-  """State of :func:`scale_to_norm`."""
-
-  count: jax.Array  # int32: updates seen, the argument of the target schedule.
-  target: jax.Array  # float32: the target norm used at the latest update.
-  grad_norm: jax.Array  # float32: ||g|| of the latest gradient, before rescaling.
-
-
-def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformation:
-  r"""Rescales the gradient to a target global norm (Gradient Norm Rescaling).
-
-  .. math::
-
-    g \leftarrow g \cdot \frac{\text{target}(t)}{\|g\|},
-
-  and a zero update when :math:`\|g\| = 0`. Chain it in front of any
-  optimizer; :func:`gnr` does that. Unlike ``optax.clip_by_global_norm`` it
-  also scales short gradients up.
-
-  Args:
-    target: the global L2 norm of the output, constant or a schedule of the
-      update count.
-
-  Returns:
-    A :class:`optax.GradientTransformation`.
-
-  Example:
-    >>> import jax.numpy as jnp, optax_gqc
-    >>> tx = optax_gqc.scale_to_norm(2.0)
-    >>> g = {'w': jnp.array([3.0, 4.0])}
-    >>> updates, _ = tx.update(g, tx.init(g))
-    >>> updates['w']
-    Array([1.2, 1.6], dtype=float32)
-  """
-  _checks.check_scalar_or_schedule('target', target)
-
-  def value_at(count):
-    return jnp.array(target(count) if callable(target) else target, jnp.float32)
-
-  def init_fn(params):
-    del params
-    count = jnp.zeros([], jnp.int32)
-    return ScaleToNormState(count, value_at(count), jnp.zeros([], jnp.float32))
-
-  def update_fn(updates, state, params=None):
-    del params
-    norm = jnp.sqrt(_sq_norm(updates))
-    goal = value_at(state.count)
-    scale = jnp.where(norm > 0, goal / jnp.where(norm > 0, norm, 1.0), 0.0)
-    updates = jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates)
-    return updates, ScaleToNormState(optax.safe_increment(state.count), goal, norm)
-
-  return optax.GradientTransformation(init_fn, update_fn)
 
 
 def gnr(

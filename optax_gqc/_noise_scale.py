@@ -1,0 +1,126 @@
+"""The gradient noise scale of McCandlish et al.: its two-batch estimates, and a transformation.
+
+:func:`noise_scale_estimates` is the arithmetic shared by the accumulation
+engine (microbatches as the small batch) and :func:`noise_scale` (devices as
+the small batch).
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_gqc import _checks
+from optax_gqc._numerics import sq_norm
+
+
+def noise_scale_estimates(
+    small_batch: Any, small_sq_norm: Any, big_batch: Any, big_sq_norm: Any
+) -> tuple[jax.Array, jax.Array]:
+  r"""Unbiased estimates of :math:`|G|^2` and :math:`\operatorname{tr}(\Sigma)` from two batches.
+
+  From the squared norms of the mean gradient of a small batch of
+  :math:`B_s` examples and a big batch of :math:`B_b` examples, taken at the
+  same parameters (McCandlish et al. 2018, appendix A):
+
+  .. math::
+
+    |G|^2 \approx \frac{B_b |G_b|^2 - B_s |G_s|^2}{B_b - B_s}, \qquad
+    \operatorname{tr}(\Sigma) \approx \frac{|G_s|^2 - |G_b|^2}{1/B_s - 1/B_b}.
+
+  Average each over many steps before dividing: the noise scale
+  :math:`B_\text{simple} = \operatorname{tr}(\Sigma) / |G|^2` is the ratio of
+  the averages; the average of per-step ratios is badly biased.
+
+  Args:
+    small_batch: :math:`B_s`.
+    small_sq_norm: :math:`|G_s|^2`.
+    big_batch: :math:`B_b > B_s`.
+    big_sq_norm: :math:`|G_b|^2`.
+
+  Returns:
+    ``(grad_sq_norm, trace_cov)``, float32 scalars (or arrays, broadcast).
+
+  Example:
+    >>> import optax_gqc
+    >>> [float(x) for x in optax_gqc.noise_scale_estimates(8, 7.25, 64, 1.78125)]
+    [1.0, 50.0]
+
+  References:
+    McCandlish et al, `An Empirical Model of Large-Batch Training
+    <https://arxiv.org/abs/1812.06162>`_, 2018
+  """
+  b_s, g_s, b_b, g_b = (jnp.asarray(x, jnp.float32) for x in
+                        (small_batch, small_sq_norm, big_batch, big_sq_norm))
+  grad_sq_norm = (b_b * g_b - b_s * g_s) / (b_b - b_s)
+  trace_cov = (g_s - g_b) / (1.0 / b_s - 1.0 / b_b)
+  return grad_sq_norm, trace_cov
+
+
+
+class NoiseScaleState(NamedTuple):
+  """State of :func:`noise_scale`."""
+
+  grad_sq_norm_ema: jax.Array  # float32: raw EMA of the |G|^2 estimates.
+  trace_cov_ema: jax.Array  # float32: raw EMA of the tr(Sigma) estimates.
+  noise_weight: jax.Array  # float32: 1 - beta^k after k updates, the EMAs' weight.
+  noise_scale: jax.Array  # float32: B_simple, the ratio of the EMAs.
+
+
+def noise_scale(
+    beta: float = 0.99, *, axis_name: Any, microbatch_size: int | None = None
+) -> optax.GradientTransformation:
+  r"""Estimates the gradient noise scale across data-parallel devices; passes updates through.
+
+  Under ``shard_map`` (or ``pmap``, or a named ``vmap``) over ``axis_name``,
+  each of the :math:`D` devices holds the gradient of its own batch: that is
+  the small batch (:math:`B_s`, its squared norm averaged over the devices),
+  and their ``pmean`` the big one (:math:`B_b = D B_s`), both at the same
+  parameters; see :func:`optax_gqc.noise_scale_estimates`. The estimates of
+  :math:`|G|^2` and :math:`\operatorname{tr}(\Sigma)` are smoothed by EMAs
+  (bias corrected, ``beta``) and divided: ``state.noise_scale`` is
+  :math:`B_\text{simple}`, in examples when ``microbatch_size`` (each
+  device's batch) is given, in device batches otherwise.
+
+  Place it on the local gradients, before they are averaged. It costs one
+  ``pmean`` of the gradient, and scalar work. On one device,
+  :func:`optax_gqc.accumulate` estimates the same quantity from its
+  microbatches.
+
+  Args:
+    beta: EMA decay.
+    axis_name: the data-parallel axis name.
+    microbatch_size: examples per device batch (optional).
+
+  Returns:
+    A :class:`optax.GradientTransformation` that returns its input.
+
+  References:
+    McCandlish et al, `An Empirical Model of Large-Batch Training
+    <https://arxiv.org/abs/1812.06162>`_, 2018
+  """
+  _checks.check_unit_interval('beta', beta)
+  if microbatch_size is not None:
+    _checks.check_positive_int('microbatch_size', microbatch_size)
+  batch = 1.0 if microbatch_size is None else float(microbatch_size)
+
+  def init_fn(params):
+    del params
+    zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
+    return NoiseScaleState(zero(), zero(), zero(), jnp.full([], jnp.nan, jnp.float32))
+
+  def update_fn(updates, state, params=None):
+    del params
+    devices = jax.lax.psum(1, axis_name)
+    small_sq = jax.lax.pmean(sq_norm(updates), axis_name)
+    big_sq = sq_norm(jax.lax.pmean(updates, axis_name))
+    grad_sq, trace = noise_scale_estimates(batch, small_sq, devices * batch, big_sq)
+
+    def ema(old, new):
+      return beta * old + (1.0 - beta) * new
+
+    g_ema, t_ema = ema(state.grad_sq_norm_ema, grad_sq), ema(state.trace_cov_ema, trace)
+    return updates, NoiseScaleState(g_ema, t_ema, ema(state.noise_weight, 1.0), t_ema / g_ema)
+
+  return optax.GradientTransformation(init_fn, update_fn)

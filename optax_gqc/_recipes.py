@@ -1,0 +1,450 @@
+"""Ports of torch-gqc's recipe factories, and the accumulation they are built on.
+
+The recipe factories (:func:`gnts_with_cosine_schedule` and its siblings)
+schedule the inner optimizer's learning rate and weight decay per microbatch
+as torch-gqc's factories do: the inner optimizer is built with
+``optax.inject_hyperparams`` and its hyperparameters are set from the
+microbatch count before every update.
+"""
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax.numpy as jnp
+import optax
+
+from optax_gqc import _checks, gates
+from optax_gqc._accumulation import accumulate
+from optax_gqc._scale_to_norm import scale_to_norm
+from optax_gqc.schedules import (
+    constant_with_inverse_warmup,
+    constant_with_warmup,
+    cosine_with_inverse_warmup,
+    cosine_with_warmup,
+    polynomial_with_warmup,
+)
+
+
+def _check_base(name: str, value: Any) -> None:
+  if callable(value):
+    raise TypeError(f'{name} must be a number: this recipe schedules it per microbatch')
+  _checks.check_scalar_or_schedule(name, value)
+
+
+def scheduled_accumulation(
+    optimizer: Callable[..., optax.GradientTransformation],
+    gate: gates.Gate,
+    hyperparams: Mapping[str, optax.Schedule],
+    *,
+    max_draws: int = 64,
+    microbatch_size: int | None = None,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """An accumulation whose inner hyperparameters follow schedules of the *microbatch* count.
+
+  ``accumulate(inject_hyperparams(optimizer)(**optimizer_kwargs, **hyperparams), gate)``,
+  except that before every update ``hyperparams[k](t)`` is written into the
+  inner state, with ``t`` the engine's microbatch count: a schedule of tokens
+  seen, as torch-gqc's schedules are, rather than of optimizer steps, whose
+  pace the gate decides. Only scalars change, outside the engine's
+  ``lax.cond``, so it costs nothing per parameter. The recipe factories of
+  this module are built on it.
+
+  Args:
+    optimizer: a factory such as ``optax.adamw``.
+    gate: the accumulation's gate.
+    hyperparams: schedules of the microbatch count, by argument name of
+      ``optimizer`` (e.g. ``{'learning_rate': ...}``).
+    max_draws: the most microbatches accumulated before a step is forced.
+    microbatch_size: examples per microbatch (optional, for statistics).
+    **optimizer_kwargs: the other arguments of ``optimizer``.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`; the current values are in
+    ``optax.tree.get(state, 'hyperparams')``.
+
+  Example:
+    >>> import optax, optax_gqc
+    >>> from optax_gqc import gates, schedules
+    >>> tx = optax_gqc.scheduled_accumulation(
+    ...     optax.adamw, gates.norm_below(0.5),
+    ...     {'learning_rate': optax.cosine_decay_schedule(1e-3, 10_000)}, weight_decay=0.1)
+  """
+  inner = optax.inject_hyperparams(optimizer)(
+      **optimizer_kwargs, **{k: s(jnp.zeros([], jnp.int32)) for k, s in hyperparams.items()}
+  )
+  tx = accumulate(inner, gate, max_draws=max_draws, microbatch_size=microbatch_size)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    hyper = dict(state.inner_state.hyperparams)
+    for k, schedule in hyperparams.items():
+      hyper[k] = jnp.asarray(schedule(state.num_batches), hyper[k].dtype)
+    state = state._replace(inner_state=state.inner_state._replace(hyperparams=hyper))
+    return tx.update(updates, state, params, **extra_args)
+
+  return optax.GradientTransformationExtraArgs(tx.init, update_fn)
+
+
+def _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps):
+  """torch-gqc's usual recipe: lr warms up and stays; weight decay warms up, then anneals to 0."""
+  _check_base('learning_rate', learning_rate)
+  out = {'learning_rate': constant_with_warmup(learning_rate, warmup_steps)}
+  if weight_decay is not None:
+    _check_base('weight_decay', weight_decay)
+    out['weight_decay'] = cosine_with_warmup(weight_decay, 0.0, warmup_steps, total_steps)
+  return out
+
+
+def _conventional_lr(learning_rate, warmup_steps, total_steps):
+  """The ``_conventional_lr`` recipes: lr warms up, then a quarter cosine to 0."""
+  _check_base('learning_rate', learning_rate)
+  return {'learning_rate': cosine_with_warmup(learning_rate, 0.0, warmup_steps, total_steps)}
+
+
+def gnts_with_cosine_schedule(
+    learning_rate: float,
+    total_steps: int,
+    warmup_steps: int,
+    initial_threshold: float = 0.95,
+    final_threshold: float = 0.25,
+    warmup_multiplier: float = 10.0,
+    max_draws: int = 64,
+    *,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    weight_decay: float | None = 0.01,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """GNTS with a constant learning rate and an annealed threshold.
+
+  The port of torch-gqc's ``make_gnts_with_cosine_annealing_schedule``. All
+  schedules advance once per microbatch:
+
+  - learning rate: linear warmup to ``learning_rate``, then constant;
+  - threshold: inverse warmup from ``warmup_multiplier * initial_threshold``
+    down to ``initial_threshold``, then a quarter cosine to ``final_threshold``;
+  - weight decay: linear warmup to ``weight_decay``, then a quarter cosine to 0.
+
+  Args:
+    learning_rate: the inner optimizer's learning rate after warmup.
+    total_steps: microbatches in the run (torch-gqc's ``num_training_steps``).
+    warmup_steps: microbatches of warmup (``num_warmup_steps``).
+    initial_threshold: threshold at the end of the warmup.
+    final_threshold: threshold at ``total_steps``.
+    warmup_multiplier: the threshold starts at this times ``initial_threshold``.
+    max_draws: the most microbatches accumulated before a step is forced.
+    optimizer: a factory of the inner optimizer taking ``learning_rate`` (and
+      ``weight_decay`` unless it is None), e.g. ``optax.adamw``.
+    weight_decay: the inner weight decay after warmup; None for an optimizer
+      without one. torch's ``AdamW`` default, 0.01, by default.
+    **optimizer_kwargs: further arguments of ``optimizer``.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs` called once per
+    microbatch; the current learning rate and weight decay are in
+    ``optax.tree.get(state, 'hyperparams')``.
+
+  Example:
+    >>> import optax_gqc
+    >>> tx = optax_gqc.gnts_with_cosine_schedule(
+    ...     3e-3, total_steps=10_000, warmup_steps=500)
+  """
+  threshold = cosine_with_inverse_warmup(
+      initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
+  )
+  hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
+  gate = gates.norm_below(threshold)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+
+
+def gnts_with_cosine_schedule_conventional_lr(
+    learning_rate: float,
+    total_steps: int,
+    warmup_steps: int,
+    initial_threshold: float = 0.95,
+    final_threshold: float = 0.25,
+    warmup_multiplier: float = 10.0,
+    max_draws: int = 64,
+    *,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """GNTS with a warmup-cosine learning rate and an annealed threshold.
+
+  The port of torch-gqc's ``make_gnts_with_cosine_annealing_schedule_conventional_lr``:
+  the learning rate warms up linearly, then anneals by a quarter cosine to 0;
+  the threshold follows :func:`gnts_with_cosine_schedule`; the weight decay
+  (in ``optimizer_kwargs``) is not scheduled. Arguments as in
+  :func:`gnts_with_cosine_schedule`.
+  """
+  threshold = cosine_with_inverse_warmup(
+      initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
+  gate = gates.norm_below(threshold)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+
+
+def _gnr_recipe(target, optimizer, hyperparams, optimizer_kwargs):
+  # GNR steps on every microbatch, so the optimizer's own count is the
+  # microbatch count and inject_hyperparams can evaluate the schedules itself.
+  return optax.chain(
+      scale_to_norm(target),
+      optax.inject_hyperparams(optimizer)(**optimizer_kwargs, **hyperparams),
+  )
+
+
+def gnr_with_cosine_schedule(
+    learning_rate: float,
+    initial_norm: float,
+    final_norm: float,
+    total_steps: int,
+    warmup_steps: int,
+    *,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    weight_decay: float | None = 0.01,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """GNR with a constant learning rate and an annealed target norm.
+
+  The port of torch-gqc's ``make_gnr_with_cosine_annealing_schedule``:
+
+  - learning rate: linear warmup to ``learning_rate``, then constant;
+  - target norm: linear warmup to ``initial_norm``, then a quarter cosine to
+    ``final_norm``;
+  - weight decay: linear warmup to ``weight_decay``, then a quarter cosine to 0.
+
+  Args:
+    learning_rate: the inner optimizer's learning rate after warmup.
+    initial_norm: target gradient norm at the end of the warmup.
+    final_norm: target gradient norm at ``total_steps``.
+    total_steps: microbatches in the run.
+    warmup_steps: microbatches of warmup.
+    optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
+    weight_decay: the inner weight decay after warmup; None for an optimizer
+      without one.
+    **optimizer_kwargs: further arguments of ``optimizer``.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`.
+  """
+  _check_base('initial_norm', initial_norm)
+  _check_base('final_norm', final_norm)
+  target = cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
+  hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
+  return _gnr_recipe(target, optimizer, hyperparams, optimizer_kwargs)
+
+
+def gnr_with_cosine_schedule_conventional_lr(
+    learning_rate: float,
+    initial_norm: float,
+    final_norm: float,
+    total_steps: int,
+    warmup_steps: int,
+    *,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """GNR with a warmup-cosine learning rate and an annealed target norm.
+
+  The port of torch-gqc's ``make_gnr_with_cosine_annealing_schedule_conventional_lr``:
+  the learning rate warms up, then anneals by a quarter cosine to 0; the target
+  norm follows :func:`gnr_with_cosine_schedule`; the weight decay is not
+  scheduled. Arguments as in :func:`gnr_with_cosine_schedule`.
+  """
+  _check_base('initial_norm', initial_norm)
+  _check_base('final_norm', final_norm)
+  target = cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
+  return _gnr_recipe(target, optimizer, hyperparams, optimizer_kwargs)
+
+
+def sbc_with_polynomial_schedule(
+    learning_rate: float,
+    microbatch_size: int,
+    initial_batch_size: float,
+    final_batch_size: float,
+    total_steps: int,
+    warmup_steps: int,
+    power: float = 2.0,
+    max_draws: int = 64,
+    *,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    weight_decay: float | None = 0.01,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """SBC with a polynomially growing logical batch and a constant learning rate.
+
+  The port of torch-gqc's ``make_sbc_with_polynomial_schedule``:
+
+  - logical batch size: linear warmup from 0 to ``initial_batch_size`` (so it
+    steps on every microbatch early on), then
+    ``final - (final - initial) (1 - p)^power``;
+  - learning rate: linear warmup to ``learning_rate``, then constant;
+  - weight decay: linear warmup to ``weight_decay``, then a quarter cosine to 0.
+
+  Args:
+    learning_rate: the inner optimizer's learning rate after warmup.
+    microbatch_size: examples per microbatch (``physical_batch_size``).
+    initial_batch_size: logical batch size at the end of the warmup.
+    final_batch_size: logical batch size at ``total_steps``.
+    total_steps: microbatches in the run.
+    warmup_steps: microbatches of warmup.
+    power: exponent of the polynomial (``polynomial_power``).
+    max_draws: the most microbatches accumulated before a step is forced.
+    optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
+    weight_decay: the inner weight decay after warmup; None for an optimizer
+      without one.
+    **optimizer_kwargs: further arguments of ``optimizer``.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs` called once per microbatch.
+  """
+  batch = polynomial_with_warmup(
+      initial_batch_size, final_batch_size, warmup_steps, total_steps, power
+  )
+  hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
+  gate = gates.batch_size_at_least(batch, microbatch_size)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+
+
+def sbc_with_polynomial_schedule_conventional_lr(
+    learning_rate: float,
+    microbatch_size: int,
+    initial_batch_size: float,
+    final_batch_size: float,
+    total_steps: int,
+    warmup_steps: int,
+    power: float = 2.0,
+    max_draws: int = 64,
+    *,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """SBC with a polynomially growing logical batch and a warmup-cosine learning rate.
+
+  The port of torch-gqc's ``make_sbc_with_polynomial_schedule_conventional_lr``:
+  the learning rate warms up, then anneals by a quarter cosine to 0; the
+  logical batch follows :func:`sbc_with_polynomial_schedule`; the weight decay
+  is not scheduled. Arguments as in :func:`sbc_with_polynomial_schedule`.
+  """
+  batch = polynomial_with_warmup(
+      initial_batch_size, final_batch_size, warmup_steps, total_steps, power
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
+  gate = gates.batch_size_at_least(batch, microbatch_size)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+
+
+def gns_with_cosine_schedule(
+    learning_rate: float,
+    initial_tolerance: float,
+    final_tolerance: float,
+    total_steps: int,
+    warmup_steps: int,
+    warmup_multiplier: float = 10.0,
+    max_draws: int = 64,
+    *,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """GNS with a warmup-cosine learning rate and an annealed tolerance.
+
+  The port of torch-gqc's ``make_gns_with_cosine_annealing_schedule``: the
+  learning rate warms up, then anneals by a quarter cosine to 0; the tolerance
+  of :func:`optax_gqc.gates.noise_ratio_below` falls from ``warmup_multiplier *
+  initial_tolerance`` to ``initial_tolerance`` over the warmup, then by a
+  quarter cosine to ``final_tolerance``. Schedules advance per microbatch.
+
+  Args:
+    learning_rate: the inner optimizer's peak learning rate.
+    initial_tolerance: tolerance at the end of the warmup.
+    final_tolerance: tolerance at ``total_steps``.
+    total_steps: microbatches in the run.
+    warmup_steps: microbatches of warmup.
+    warmup_multiplier: the tolerance starts at this times ``initial_tolerance``.
+    max_draws: the most microbatches accumulated before a step is forced.
+    optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
+    **optimizer_kwargs: further arguments of ``optimizer``.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`.
+  """
+  tolerance = cosine_with_inverse_warmup(
+      initial_tolerance, final_tolerance, warmup_steps, total_steps, warmup_multiplier
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
+  gate = gates.noise_ratio_below(tolerance)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+
+
+def gns_default(
+    learning_rate: float,
+    tolerance: float,
+    total_steps: int,
+    warmup_steps: int,
+    max_draws: int = 64,
+    *,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """GNS with a warmup-cosine learning rate and a constant tolerance after an inverse warmup.
+
+  The port of torch-gqc's ``make_gns_default``: the learning rate as in
+  :func:`gns_with_cosine_schedule`; the tolerance falls from 20 times
+  ``tolerance`` (torch-schedule-anything's default multiplier, which that
+  factory keeps) to ``tolerance`` over the warmup, then stays. Arguments as in
+  :func:`gns_with_cosine_schedule`.
+  """
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
+  gate = gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup_steps))
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+
+
+def mht_with_warmup_schedule(
+    learning_rate: float,
+    confidence: float,
+    percent_error: float,
+    total_steps: int,
+    warmup_steps: int,
+    max_draws: int = 64,
+    *,
+    beta: float = 0.01,
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    **optimizer_kwargs: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """MHT with a warmup-cosine learning rate and warmed-up test parameters.
+
+  The port of torch-gqc's ``make_mht_with_warmup_schedule``: the learning
+  rate warms up, then anneals by a quarter cosine to 0; the confidence and
+  the percent error of :func:`optax_gqc.gates.loss_interval` warm up linearly
+  from 0 to ``confidence`` and ``percent_error``, then stay (so early steps
+  come fast). Call ``update(..., value=loss)``.
+
+  Args:
+    learning_rate: the inner optimizer's peak learning rate.
+    confidence: the interval's confidence after the warmup.
+    percent_error: its allowed relative half-width after the warmup.
+    total_steps: microbatches in the run.
+    warmup_steps: microbatches of warmup.
+    max_draws: the most microbatches accumulated before a step is forced.
+    beta: the weight of a new loss in the loss EMA.
+    optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
+    **optimizer_kwargs: further arguments of ``optimizer``.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`.
+  """
+  gate = gates.loss_interval(
+      cosine_with_warmup(confidence, confidence, warmup_steps, total_steps),
+      cosine_with_warmup(percent_error, percent_error, warmup_steps, total_steps),
+      beta=beta,
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
+  return scheduled_accumulation(
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)

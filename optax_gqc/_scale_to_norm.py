@@ -1,0 +1,65 @@
+"""Gradient Norm Rescaling: rescale the gradient to a target global norm."""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_gqc import _checks
+from optax_gqc._numerics import sq_norm
+
+
+class ScaleToNormState(NamedTuple):
+  """State of :func:`scale_to_norm`."""
+
+  count: jax.Array  # int32: updates seen, the argument of the target schedule.
+  target: jax.Array  # float32: the target norm used at the latest update.
+  grad_norm: jax.Array  # float32: ||g|| of the latest gradient, before rescaling.
+
+
+def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+  r"""Rescales the gradient to a target global norm (Gradient Norm Rescaling).
+
+  .. math::
+
+    g \leftarrow g \cdot \frac{\text{target}(t)}{\|g\|},
+
+  and a zero update when :math:`\|g\| = 0`. Chain it in front of any
+  optimizer; :func:`gnr` does that. Unlike ``optax.clip_by_global_norm`` it
+  also scales short gradients up.
+
+  Args:
+    target: the global L2 norm of the output, constant or a schedule of the
+      update count.
+
+  Returns:
+    A :class:`optax.GradientTransformation`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax_gqc
+    >>> tx = optax_gqc.scale_to_norm(2.0)
+    >>> g = {'w': jnp.array([3.0, 4.0])}
+    >>> updates, _ = tx.update(g, tx.init(g))
+    >>> updates['w']
+    Array([1.2, 1.6], dtype=float32)
+  """
+  _checks.check_scalar_or_schedule('target', target)
+
+  def value_at(count):
+    return jnp.array(target(count) if callable(target) else target, jnp.float32)
+
+  def init_fn(params):
+    del params
+    count = jnp.zeros([], jnp.int32)
+    return ScaleToNormState(count, value_at(count), jnp.zeros([], jnp.float32))
+
+  def update_fn(updates, state, params=None):
+    del params
+    norm = jnp.sqrt(sq_norm(updates))
+    goal = value_at(state.count)
+    scale = jnp.where(norm > 0, goal / jnp.where(norm > 0, norm, 1.0), 0.0)
+    updates = jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates)
+    return updates, ScaleToNormState(optax.safe_increment(state.count), goal, norm)
+
+  return optax.GradientTransformation(init_fn, update_fn)

@@ -1,0 +1,359 @@
+"""A replay harness: one gradient stream through a PyTorch optimizer and an Optax transformation.
+
+:func:`replay` feeds one stream of microbatch gradients (and losses, for a gate
+that reads them) to a PyTorch optimizer, or a torch-gqc wrapper with its
+schedule, and to an Optax transformation, and records both sides after every
+microbatch. :func:`first_divergence` names the first microbatch where they part,
+and why.
+
+Needs PyTorch: ``pip install "optax-gqc[torch]"``.
+"""
+
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+try:
+  import torch
+except ImportError as e:
+  raise ImportError(
+      'optax_gqc.interop.torch_replay needs PyTorch; install it with: '
+      'pip install "optax-gqc[torch]"'
+  ) from e
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from optax_gqc._accumulation import statistics
+from optax_gqc.interop.torch import set_grads, to_jax, to_torch
+
+__all__ = [
+    'DEFAULT_HYPERPARAM_NAMES',
+    'DEFAULT_STAT_NAMES',
+    'Divergence',
+    'Record',
+    'first_divergence',
+    'replay',
+]
+
+
+class Record(NamedTuple):
+  """Both sides of :func:`replay` after one microbatch.
+
+  Parameters are NumPy copies keyed by name. ``*_stats`` are the sides'
+  statistics (torch-gqc's ``statistics()``; ours :func:`optax_gqc.statistics`);
+  ``*_hyperparams`` the values the microbatch was processed with (torch: the
+  scalars of the first param group before the schedule advances; ours:
+  ``optax.tree.get(state, 'hyperparams')``).
+  """
+
+  index: int
+  loss: float | None
+  torch_stepped: bool
+  optax_stepped: bool
+  torch_params: dict[str, np.ndarray]
+  optax_params: dict[str, np.ndarray]
+  torch_stats: dict[str, Any]
+  optax_stats: dict[str, Any]
+  torch_hyperparams: dict[str, float]
+  optax_hyperparams: dict[str, float]
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+  if tensor.dtype == torch.bfloat16:
+    return np.asarray(to_jax(tensor))  # NumPy has no bfloat16 of its own
+  return tensor.detach().cpu().numpy().copy()
+
+
+def _scalar(value: Any) -> Any:
+  """A Python number from a number or a 0-d array/tensor; anything else as is."""
+  if isinstance(value, torch.Tensor) and value.ndim == 0:
+    return value.item()
+  if isinstance(value, np.ndarray | np.generic | jax.Array) and np.ndim(value) == 0:
+    return np.asarray(value).item()
+  return value
+
+
+def _torch_hyperparams(optimizer: Any) -> dict[str, float]:
+  group = optimizer.param_groups[0]
+  out = {}
+  for name, value in group.items():
+    value = _scalar(value)
+    if name != 'params' and isinstance(value, numbers.Real) and not isinstance(value, bool):
+      out[name] = value
+  return out
+
+
+def _default_torch_stats(optimizer: Any) -> dict[str, Any]:
+  """torch-gqc's ``statistics()``; nothing for a plain torch optimizer."""
+  stats = getattr(type(optimizer), 'statistics', None)
+  return dict(optimizer.statistics()) if callable(stats) else {}
+
+
+def _default_torch_step(optimizer: Any, loss: float | None) -> bool | None:
+  # A torch optimizer's step takes a closure, not a loss; torch-gqc's loss-driven
+  # wrappers (MHT) take the loss.
+  if loss is None or isinstance(optimizer, torch.optim.Optimizer):
+    return optimizer.step()
+  return optimizer.step(loss)
+
+
+def _default_optax_stats(state: Any) -> dict[str, Any]:
+  """:func:`optax_gqc.statistics` of the state; nothing when it holds no accumulation."""
+  try:
+    stats = statistics(state)
+  except ValueError:
+    return {}
+  return {k: _scalar(v) for k, v in jax.device_get(stats).items()}
+
+
+def _optax_hyperparams(state: Any) -> dict[str, float]:
+  try:
+    hyper = optax.tree.get(state, 'hyperparams')
+  except KeyError:  # several inject_hyperparams: which one is ambiguous
+    return {}
+  if not isinstance(hyper, Mapping):
+    return {}
+  return {k: _scalar(v) for k, v in jax.device_get(dict(hyper)).items() if np.ndim(v) == 0}
+
+
+def _optax_step_eager(tx, params, state, grads, extra_args):
+  tx = optax.with_extra_args_support(tx)
+  updates, state = tx.update(grads, state, params, **extra_args)
+  return optax.apply_updates(params, updates), state
+
+
+# Static in the transformation: replaying the same one again reuses the compiled step.
+_optax_step = jax.jit(_optax_step_eager, static_argnums=0)
+
+
+def replay(
+    torch_side: Callable[[list[torch.nn.Parameter]], Any],
+    optax_side: optax.GradientTransformation,
+    params: Mapping[str, Any],
+    grad_stream: Iterable[Mapping[str, Any]],
+    losses: Iterable[float] | None = None,
+    *,
+    torch_step: Callable[[Any, float | None], bool | None] | None = None,
+    torch_stats: Callable[[Any], Mapping[str, Any]] | None = None,
+    optax_stats: Callable[[Any], Mapping[str, Any]] | None = None,
+    jit: bool = True,
+) -> list[Record]:
+  """Feeds one gradient stream to a torch optimizer and an Optax transformation.
+
+  Both sides start from ``params``. For every microbatch gradient ``g`` (and
+  loss, when ``losses`` is given), in order:
+
+  - torch: ``g`` is added to the parameters' ``.grad`` through autograd (see
+    :func:`set_grads`), as ``loss.backward()`` would; then ``torch_step``
+    (by default ``optimizer.step()``, or ``optimizer.step(loss)`` for a
+    wrapper that is not a ``torch.optim.Optimizer`` when losses are given); the
+    statistics and hyperparameters are read; the schedule, if any, steps; and
+    a plain torch optimizer (its ``step`` returns None) has its gradients
+    cleared, as a training loop would. This is torch-gqc's loop:
+    ``loss.backward(); wrapper.step(); schedule.step()``.
+  - Optax: ``update(g, state, params)`` (with ``value=loss`` when losses are
+    given), jitted, then ``optax.apply_updates``.
+
+  A torch side stepped when its ``step`` returned True (or None, a plain
+  optimizer). Ours stepped when its statistics' ``num_steps`` grew, or on
+  every microbatch when it has no ``num_steps`` (e.g. :func:`optax_gqc.gnr`).
+
+  Args:
+    torch_side: called with the torch parameters (one ``nn.Parameter`` per
+      entry of ``params``, in order); returns a torch optimizer, a torch-gqc
+      wrapper, or a pair ``(optimizer, schedule)`` with a schedule stepped
+      after every microbatch (e.g. torch-gqc's factories).
+    optax_side: the Optax transformation, called once per microbatch.
+    params: the initial parameters, ``{name: array}``.
+    grad_stream: the microbatch gradients, each a dict like ``params``.
+    losses: one loss per microbatch, for gates that read it; torch-gqc's
+      MHT wrapper takes it as ``step(loss)``, ours as ``update(..., value=loss)``.
+    torch_step: ``(optimizer, loss or None) -> stepped``, to call a torch
+      side some other way.
+    torch_stats: ``optimizer -> dict``; by default torch-gqc's
+      ``statistics()``, or nothing for a plain optimizer.
+    optax_stats: ``state -> dict``; by default :func:`optax_gqc.statistics`,
+      or nothing when the state holds no accumulation.
+    jit: jit the Optax update (compiled once per transformation).
+
+  Returns:
+    One :class:`Record` per microbatch.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, torch
+    >>> from optax_gqc.interop.torch_replay import first_divergence, replay
+    >>> params = {'w': jnp.ones(3)}
+    >>> stream = [{'w': jnp.full(3, 0.5 * i)} for i in range(4)]
+    >>> records = replay(
+    ...     lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    ...     optax.sgd(0.1, momentum=0.9), params, stream)
+    >>> last = records[-1]
+    >>> print(last.torch_params['w'], last.optax_params['w'])
+    [0.5245 0.5245 0.5245] [0.5245 0.5245 0.5245]
+    >>> print(first_divergence(records))
+    None
+  """
+  torch_step = torch_step or _default_torch_step
+  torch_stats = torch_stats or _default_torch_stats
+  optax_stats = optax_stats or _default_optax_stats
+  step_fn = _optax_step if jit else _optax_step_eager
+  names = list(params)
+
+  torch_params = [torch.nn.Parameter(to_torch(params[k])) for k in names]
+  built = torch_side(torch_params)
+  optimizer, schedule = built if isinstance(built, tuple) else (built, None)
+
+  jax_params = {k: jnp.array(params[k]) for k in names}
+  state = optax_side.init(jax_params)
+  steps_before = optax_stats(state).get('num_steps', 0)
+  loss_iter = iter(losses) if losses is not None else None
+
+  records = []
+  for index, grads in enumerate(grad_stream):
+    loss = None
+    if loss_iter is not None:
+      try:
+        loss = float(next(loss_iter))
+      except StopIteration:
+        raise ValueError(f'replay: losses ran out at microbatch {index}') from None
+    grads = {k: grads[k] for k in names}
+
+    set_grads(dict(zip(names, torch_params, strict=True)), grads, accumulate=True)
+    result = torch_step(optimizer, loss)
+    t_stats = {k: _scalar(v) for k, v in torch_stats(optimizer).items()}
+    t_hyper = _torch_hyperparams(optimizer)
+    if schedule is not None:
+      schedule.step()
+    if result is None:
+      optimizer.zero_grad(set_to_none=True)
+
+    extra = {} if loss is None else {'value': jnp.asarray(loss, jnp.float32)}
+    jax_params, state = step_fn(optax_side, jax_params, state, grads, extra)
+    o_stats = dict(optax_stats(state))
+    steps = o_stats.get('num_steps')
+    o_stepped = True if steps is None else steps > steps_before
+    steps_before = steps if steps is not None else steps_before
+
+    records.append(Record(
+        index=index,
+        loss=loss,
+        torch_stepped=True if result is None else bool(result),
+        optax_stepped=bool(o_stepped),
+        torch_params={k: _numpy(p) for k, p in zip(names, torch_params, strict=True)},
+        optax_params={k: np.asarray(v) for k, v in jax_params.items()},
+        torch_stats=t_stats,
+        optax_stats=o_stats,
+        torch_hyperparams=t_hyper,
+        optax_hyperparams=_optax_hyperparams(state),
+    ))
+  return records
+
+
+# Where the two sides part.
+
+#: torch-gqc statistic -> optax_gqc statistic, compared when both sides report it.
+DEFAULT_STAT_NAMES: dict[str, str] = {
+    'num_draws': 'num_draws',
+    'num_batches': 'num_batches',
+    'num_steps': 'num_steps',
+    'last_num_draws': 'last_num_draws',
+    'last_grad_norm': 'last_grad_norm',
+    'gradient_norm_threshold': 'threshold',
+    'logical_batch_size': 'logical_batch_size',
+}
+
+#: torch param-group entry -> Optax hyperparameter, compared when both are there.
+DEFAULT_HYPERPARAM_NAMES: dict[str, str] = {
+    'lr': 'learning_rate',
+    'weight_decay': 'weight_decay',
+}
+
+
+class Divergence(NamedTuple):
+  """The first disagreement found by :func:`first_divergence`."""
+
+  index: int  # the microbatch
+  what: str  # 'step', "stat 'num_draws'", "hyperparam 'lr'", "param 'w'[2, 0]"
+  torch_value: Any
+  optax_value: Any
+
+  def __str__(self) -> str:
+    return (
+        f'microbatch {self.index}: {self.what} differs: torch {self.torch_value!r}, '
+        f'optax {self.optax_value!r}'
+    )
+
+
+def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
+  return bool(np.isclose(float(a), float(b), rtol=rtol, atol=atol, equal_nan=True))
+
+
+def first_divergence(
+    records: Sequence[Record],
+    *,
+    rtol: float = 1e-5,
+    atol: float = 1e-8,
+    stat_names: Mapping[str, str] | None = None,
+    hyperparam_names: Mapping[str, str] | None = None,
+    compare_params: bool = True,
+) -> Divergence | None:
+  """The first microbatch where the two sides of :func:`replay` disagree.
+
+  At each microbatch, in this order: the step decision (exactly); the
+  statistics and hyperparameters named on both sides; every parameter
+  element. Scalars agree when ``|torch - optax| <= atol + rtol * |torch|``.
+  A parameter entry agrees when ``|torch - optax| <= atol + rtol * s``, with
+  ``s`` the largest magnitude in its leaf on the torch side: float32 rounding
+  is relative to the scale of the arithmetic, and an entry passing near zero
+  keeps an absolute error of that scale. NaNs agree with NaNs. A statistic
+  one side does not report (torch-gqc's ``last_grad_norm`` before the first
+  step) is not compared.
+
+  Args:
+    records: the output of :func:`replay`.
+    rtol: relative tolerance.
+    atol: absolute tolerance.
+    stat_names: torch statistic name -> ours; :data:`DEFAULT_STAT_NAMES` by default.
+    hyperparam_names: torch param-group entry -> ours;
+      :data:`DEFAULT_HYPERPARAM_NAMES` by default.
+    compare_params: also compare the parameters.
+
+  Returns:
+    A :class:`Divergence` (its ``str`` says where and what), or None when
+    the sides agree throughout.
+  """
+  stat_names = DEFAULT_STAT_NAMES if stat_names is None else stat_names
+  hyperparam_names = DEFAULT_HYPERPARAM_NAMES if hyperparam_names is None else hyperparam_names
+  for r in records:
+    if r.torch_stepped != r.optax_stepped:
+      return Divergence(
+          r.index, 'step', 'stepped' if r.torch_stepped else 'accumulated',
+          'stepped' if r.optax_stepped else 'accumulated',
+      )
+    for kind, names, t_side, o_side in (
+        ('stat', stat_names, r.torch_stats, r.optax_stats),
+        ('hyperparam', hyperparam_names, r.torch_hyperparams, r.optax_hyperparams),
+    ):
+      for t_name, o_name in names.items():
+        t, o = t_side.get(t_name), o_side.get(o_name)
+        if t is None or o is None:
+          continue
+        if not _close(t, o, rtol, atol):
+          label = t_name if t_name == o_name else f'{t_name}/{o_name}'
+          return Divergence(r.index, f'{kind} {label!r}', t, o)
+    if compare_params:
+      for name, t in r.torch_params.items():
+        t = np.asarray(t, np.float64)
+        o = np.asarray(r.optax_params[name], np.float64)
+        scale = np.max(np.abs(t), initial=0.0, where=~np.isnan(t))
+        err = np.abs(t - o)
+        bad = ~((err <= atol + rtol * scale) | (np.isnan(t) & np.isnan(o)))
+        if bad.any():
+          worst = np.where(bad, np.nan_to_num(err, nan=np.inf), -1.0)
+          where = np.unravel_index(np.argmax(worst), t.shape)
+          at = ', '.join(str(int(i)) for i in where)
+          return Divergence(r.index, f'param {name!r}[{at}]', float(t[where]), float(o[where]))
+  return None
