@@ -31,8 +31,7 @@ def make_params(total: int) -> dict[str, Any]:
 
 def make_grads(params: Any, num: int = 4, scale: float = 1e-3) -> list[Any]:
   keys = jax.random.split(jax.random.key(1), num)
-  return [jax.tree.map(lambda x, k=k: jax.random.normal(k, x.shape) * scale, params)
-          for k in keys]
+  return [jax.tree.map(lambda x, k=k: jax.random.normal(k, x.shape) * scale, params) for k in keys]
 
 
 def tree_bytes(tree: Any) -> int:
@@ -63,8 +62,12 @@ def measure(
     p = jax.tree.map(jnp.copy, params)
     s = init(p)
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(p, s, grads[0]).compile()
-    run = {'compiled': compiled, 'times': [], 'state_bytes': tree_bytes(s),
-           'temp_bytes': compiled.memory_analysis().temp_size_in_bytes}
+    run = {
+        'compiled': compiled,
+        'times': [],
+        'state_bytes': tree_bytes(s),
+        'temp_bytes': compiled.memory_analysis().temp_size_in_bytes,
+    }
     for i in range(warmup):
       p, s = compiled(p, s, grads[i % len(grads)])
     run['p'], run['s'] = jax.block_until_ready((p, s))
@@ -79,7 +82,10 @@ def measure(
       run['times'].append((time.perf_counter() - start) / calls)
       run['p'], run['s'] = p, s
   return {
-      name: {'ms': 1e3 * statistics.median(r['times']), 'temp_bytes': r['temp_bytes'],
-             'state_bytes': r['state_bytes']}
+      name: {
+          'ms': 1e3 * statistics.median(r['times']),
+          'temp_bytes': r['temp_bytes'],
+          'state_bytes': r['state_bytes'],
+      }
       for name, r in runs.items()
   }

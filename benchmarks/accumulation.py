@@ -88,12 +88,14 @@ def gate_candidates(every: int) -> dict[str, tuple[Callable, Callable]]:
 
   return {
       'norm_below (GNTS), with noise-scale statistics': optimizer_step(
-          engine(gates.norm_below(0.0))),
+          engine(gates.norm_below(0.0))
+      ),
       'noise_ratio_below (GNS)': optimizer_step(engine(gates.noise_ratio_below(0.0))),
       'norm_test (Byrd / AdAdaGrad)': optimizer_step(engine(gates.norm_test(0.0))),
       'loss_interval (MHT), value=loss': with_loss(engine(gates.loss_interval(0.95, 0.0))),
       'any_of(norm_below, norm_test)': optimizer_step(
-          engine(gates.any_of(gates.norm_below(0.0), gates.norm_test(0.0)))),
+          engine(gates.any_of(gates.norm_below(0.0), gates.norm_test(0.0)))
+      ),
   }
 
 
@@ -102,9 +104,11 @@ def candidates(every: int) -> dict[str, tuple[Callable, Callable]]:
   return {
       'floor (accumulate+norm+reset, as Optax)': optimizer_step(floor_transformation(every)),
       f'optax_gqc.gnts(adamw, 0.0, max_draws={every})': optimizer_step(
-          optax_gqc.gnts(adamw, threshold=0.0, max_draws=every)),
+          optax_gqc.gnts(adamw, threshold=0.0, max_draws=every)
+      ),
       f'optax.MultiSteps(adamw, {every})': optimizer_step(
-          optax.MultiSteps(adamw, every).gradient_transformation()),
+          optax.MultiSteps(adamw, every).gradient_transformation()
+      ),
       'optax.adamw (steps every microbatch)': optimizer_step(adamw),
       'raw floor (state only, nothing applied)': raw_floor_step(every),
   }
@@ -123,20 +127,27 @@ def main():
   n_params = sum(x.size for x in jax.tree.leaves(params))
   param_bytes = 4 * n_params
   cands = candidates(args.every)
-  results = measure(cands, params, make_grads(params), args.rounds, args.cycles * args.every,
-                    warmup=args.every)
+  results = measure(
+      cands, params, make_grads(params), args.rounds, args.cycles * args.every, warmup=args.every
+  )
 
   names = list(cands)
   floor, ours, multi, adamw, raw = (results[n]['ms'] for n in names)
-  print(f'{n_params / 1e6:.2f}M float32 parameters, {jax.devices()[0].platform}, '
-        f'one optimizer step every {args.every} microbatches, median of {args.rounds} rounds')
-  print(f"{'candidate':48s} {'ms/microbatch':>14s} {'x floor':>8s} {'x adamw':>8s} "
-        f"{'temp MiB':>9s} {'temp/params':>12s}")
+  print(
+      f'{n_params / 1e6:.2f}M float32 parameters, {jax.devices()[0].platform}, '
+      f'one optimizer step every {args.every} microbatches, median of {args.rounds} rounds'
+  )
+  print(
+      f"{'candidate':48s} {'ms/microbatch':>14s} {'x floor':>8s} {'x adamw':>8s} "
+      f"{'temp MiB':>9s} {'temp/params':>12s}"
+  )
   for name in names:
     r = results[name]
-    print(f"{name:48s} {r['ms']:14.2f} {r['ms'] / floor:8.2f} "
-          f"{r['ms'] / adamw:8.2f} {r['temp_bytes'] / 2**20:9.1f} "
-          f"{r['temp_bytes'] / param_bytes:12.2f}")
+    print(
+        f"{name:48s} {r['ms']:14.2f} {r['ms'] / floor:8.2f} "
+        f"{r['ms'] / adamw:8.2f} {r['temp_bytes'] / 2**20:9.1f} "
+        f"{r['temp_bytes'] / param_bytes:12.2f}"
+    )
   ours_temp = results[names[1]]['temp_bytes']
   # Reductions keep a few row partial sums (under 0.1% of the parameters);
   # the bound is on param-sized buffers.
@@ -145,20 +156,32 @@ def main():
       'gnts <= 0.35x MultiSteps': ours / multi <= 0.35,
       'gnts temporaries <= one param-sized buffer': ours_temp <= 1.001 * param_bytes,
   }
-  print(f'gnts / floor = {ours / floor:.3f}, gnts / MultiSteps = {ours / multi:.3f}, '
-        f'gnts / raw floor = {ours / raw:.3f}')
+  print(
+      f'gnts / floor = {ours / floor:.3f}, gnts / MultiSteps = {ours / multi:.3f}, '
+      f'gnts / raw floor = {ours / raw:.3f}'
+  )
   for target, ok in targets.items():
     print(f"{'PASS' if ok else 'FAIL'}  {target}")
 
   gate_cands = gate_candidates(args.every)
-  gate_results = measure(gate_cands, params, make_grads(params), args.rounds,
-                         args.cycles * args.every, warmup=args.every)
+  gate_results = measure(
+      gate_cands,
+      params,
+      make_grads(params),
+      args.rounds,
+      args.cycles * args.every,
+      warmup=args.every,
+  )
   base = gate_results[next(iter(gate_cands))]
-  print(f"\n{'gate (one step every ' + str(args.every) + ' microbatches)':48s} "
-        f"{'ms/microbatch':>14s} {'x norm gate':>12s} {'temp MiB':>9s}")
+  print(
+      f"\n{'gate (one step every ' + str(args.every) + ' microbatches)':48s} "
+      f"{'ms/microbatch':>14s} {'x norm gate':>12s} {'temp MiB':>9s}"
+  )
   for name, r in gate_results.items():
-    print(f"{name:48s} {r['ms']:14.2f} {r['ms'] / base['ms']:12.3f} "
-          f"{r['temp_bytes'] / 2**20:9.1f}")
+    print(
+        f"{name:48s} {r['ms']:14.2f} {r['ms'] / base['ms']:12.3f} "
+        f"{r['temp_bytes'] / 2**20:9.1f}"
+    )
   worst = max(r['ms'] / base['ms'] for r in gate_results.values())
   extra_temp = max(r['temp_bytes'] - base['temp_bytes'] for r in gate_results.values())
   targets['every gate <= 1.05x the norm gate'] = worst <= 1.05
@@ -167,9 +190,18 @@ def main():
     print(f"{'PASS' if targets[target] else 'FAIL'}  {target}")
   if args.json:
     with open(args.json, 'w') as f:
-      json.dump({'params': n_params, 'every': args.every, 'results': results,
-                 'gates': gate_results, 'targets': targets,
-                 'device': jax.devices()[0].platform}, f, indent=2)
+      json.dump(
+          {
+              'params': n_params,
+              'every': args.every,
+              'results': results,
+              'gates': gate_results,
+              'targets': targets,
+              'device': jax.devices()[0].platform,
+          },
+          f,
+          indent=2,
+      )
 
 
 if __name__ == '__main__':

@@ -57,16 +57,22 @@ def main():
 
   names = list(cands)
   ours, sgd, adamw = results[names[0]], results[names[2]], results[names[3]]
-  print(f'{n_params / 1e6:.2f}M float32 parameters ({param_bytes / 2**20:.1f} MiB), '
-        f'{jax.devices()[0].platform}, median of {args.rounds} rounds of {args.iters} updates')
-  print(f"{'candidate':32s} {'state MiB':>10s} {'x adamw':>8s} {'ms/update':>10s} "
-        f"{'x sgd-m':>8s} {'x adamw':>8s} {'temp MiB':>9s}")
+  print(
+      f'{n_params / 1e6:.2f}M float32 parameters ({param_bytes / 2**20:.1f} MiB), '
+      f'{jax.devices()[0].platform}, median of {args.rounds} rounds of {args.iters} updates'
+  )
+  print(
+      f"{'candidate':32s} {'state MiB':>10s} {'x adamw':>8s} {'ms/update':>10s} "
+      f"{'x sgd-m':>8s} {'x adamw':>8s} {'temp MiB':>9s}"
+  )
   for name in names:
     r = results[name]
-    print(f"{name:32s} {r['state_bytes'] / 2**20:10.2f} "
-          f"{r['state_bytes'] / adamw['state_bytes']:8.3f} {r['ms']:10.2f} "
-          f"{r['ms'] / sgd['ms']:8.3f} "
-          f"{r['ms'] / adamw['ms']:8.3f} {r['temp_bytes'] / 2**20:9.1f}")
+    print(
+        f"{name:32s} {r['state_bytes'] / 2**20:10.2f} "
+        f"{r['state_bytes'] / adamw['state_bytes']:8.3f} {r['ms']:10.2f} "
+        f"{r['ms'] / sgd['ms']:8.3f} "
+        f"{r['ms'] / adamw['ms']:8.3f} {r['temp_bytes'] / 2**20:9.1f}"
+    )
   state_ratio = ours['state_bytes'] / adamw['state_bytes']
   time_ratio = ours['ms'] / sgd['ms']
   ratios = {
@@ -82,9 +88,19 @@ def main():
     print(f"{'PASS' if ok else 'FAIL'}  {target} ({ratio:.3f})")
   if args.json:
     with open(args.json, 'w') as f:
-      json.dump({'params': n_params, 'device': jax.devices()[0].platform,
-                 'rounds': args.rounds, 'iters': args.iters, 'results': results,
-                 'ratios': ratios, 'targets': targets}, f, indent=2)
+      json.dump(
+          {
+              'params': n_params,
+              'device': jax.devices()[0].platform,
+              'rounds': args.rounds,
+              'iters': args.iters,
+              'results': results,
+              'ratios': ratios,
+              'targets': targets,
+          },
+          f,
+          indent=2,
+      )
 
 
 if __name__ == '__main__':

@@ -18,8 +18,9 @@ from sklearn.datasets import load_digits
 import optax_gqc
 
 
-def loss_fn(params: optax.Params, state: TrainState, x: jax.Array,
-            y: jax.Array) -> tuple[jax.Array, jax.Array]:
+def loss_fn(
+    params: optax.Params, state: TrainState, x: jax.Array, y: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   logits = state.apply_fn({'params': params}, x)
   return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), logits
 
@@ -36,8 +37,9 @@ def evaluate(state: TrainState, x: jax.Array, y: jax.Array) -> tuple[jax.Array, 
   return loss, jnp.mean(jnp.argmax(logits, -1) == y)
 
 
-def main(num_microbatches: int = 1000, microbatch_size: int = 16, seed: int = 0,
-         log_every: int = 0) -> dict[str, float]:
+def main(
+    num_microbatches: int = 1000, microbatch_size: int = 16, seed: int = 0, log_every: int = 0
+) -> dict[str, float]:
   x, y = load_digits(return_X_y=True)  # 1797 8x8 images: 1400 to train on, the rest to test
   order = np.random.default_rng(seed).permutation(len(x))
   x, y = (x[order] / 16.0).astype(np.float32), y[order]
@@ -47,7 +49,8 @@ def main(num_microbatches: int = 1000, microbatch_size: int = 16, seed: int = 0,
   # microbatch, then anneals from 0.6 to 0.3: more accumulation as the mean
   # gradient shrinks towards the noise.
   threshold = optax_gqc.schedules.cosine_with_inverse_warmup(
-      0.6, 0.3, num_microbatches // 10, num_microbatches, warmup_multiplier=10.0)
+      0.6, 0.3, num_microbatches // 10, num_microbatches, warmup_multiplier=10.0
+  )
   tx = optax_gqc.gnts(optax.adamw(3e-3), threshold, max_draws=16)
   state = TrainState.create(apply_fn=model.apply, params=params, tx=tx)
   initial_loss, initial_accuracy = evaluate(state, x[1400:], y[1400:])
@@ -57,13 +60,17 @@ def main(num_microbatches: int = 1000, microbatch_size: int = 16, seed: int = 0,
     state, loss = train_step(state, x[batch], y[batch])
     if log_every and (i + 1) % log_every == 0:
       stats = {k: float(v) for k, v in optax_gqc.statistics(state.opt_state).items()}
-      print(f'microbatch {i + 1:5d}  loss {float(loss):.3f}  optimizer steps '
-            f'{stats["num_steps"]:4.0f}  last step: draws {stats["last_num_draws"]:2.0f}, '
-            f'|mean g| {stats["last_grad_norm"]:.3f}  threshold {stats["threshold"]:.3f}')
+      print(
+          f'microbatch {i + 1:5d}  loss {float(loss):.3f}  optimizer steps '
+          f'{stats["num_steps"]:4.0f}  last step: draws {stats["last_num_draws"]:2.0f}, '
+          f'|mean g| {stats["last_grad_norm"]:.3f}  threshold {stats["threshold"]:.3f}'
+      )
   final_loss, final_accuracy = evaluate(state, x[1400:], y[1400:])
   return {
-      'initial_loss': float(initial_loss), 'initial_accuracy': float(initial_accuracy),
-      'final_loss': float(final_loss), 'final_accuracy': float(final_accuracy),
+      'initial_loss': float(initial_loss),
+      'initial_accuracy': float(initial_accuracy),
+      'final_loss': float(final_loss),
+      'final_accuracy': float(final_accuracy),
       'train_state_step': int(state.step),  # microbatches, i.e. calls of apply_gradients
       'num_steps': int(optax_gqc.statistics(state.opt_state)['num_steps']),
   }
@@ -71,5 +78,7 @@ def main(num_microbatches: int = 1000, microbatch_size: int = 16, seed: int = 0,
 
 if __name__ == '__main__':
   result = main(log_every=100)
-  print(f'test accuracy {result["initial_accuracy"]:.3f} -> {result["final_accuracy"]:.3f}, '
-        f'{result["num_steps"]} optimizer steps in {result["train_state_step"]} microbatches')
+  print(
+      f'test accuracy {result["initial_accuracy"]:.3f} -> {result["final_accuracy"]:.3f}, '
+      f'{result["num_steps"]} optimizer steps in {result["train_state_step"]} microbatches'
+  )

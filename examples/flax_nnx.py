@@ -22,8 +22,9 @@ def loss_fn(model: nnx.Module, x: jax.Array, y: jax.Array) -> jax.Array:
 
 
 @nnx.jit
-def train_step(model: nnx.Module, optimizer: nnx.Optimizer, x: jax.Array,
-               y: jax.Array) -> jax.Array:
+def train_step(
+    model: nnx.Module, optimizer: nnx.Optimizer, x: jax.Array, y: jax.Array
+) -> jax.Array:
   loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
   optimizer.update(model, grads)  # a zero update while GNTS accumulates
   return loss
@@ -34,8 +35,9 @@ def evaluate(model: nnx.Module, x: jax.Array, y: jax.Array) -> tuple[jax.Array, 
   return loss_fn(model, x, y), jnp.mean(jnp.argmax(model(x), -1) == y)
 
 
-def main(num_microbatches: int = 1000, microbatch_size: int = 16, seed: int = 0,
-         log_every: int = 0) -> dict[str, float]:
+def main(
+    num_microbatches: int = 1000, microbatch_size: int = 16, seed: int = 0, log_every: int = 0
+) -> dict[str, float]:
   x, y = load_digits(return_X_y=True)  # 1797 8x8 images: 1400 to train on, the rest to test
   order = np.random.default_rng(seed).permutation(len(x))
   x, y = (x[order] / 16.0).astype(np.float32), y[order]
@@ -45,7 +47,8 @@ def main(num_microbatches: int = 1000, microbatch_size: int = 16, seed: int = 0,
   # microbatch, then anneals from 0.6 to 0.3: more accumulation as the mean
   # gradient shrinks towards the noise.
   threshold = optax_gqc.schedules.cosine_with_inverse_warmup(
-      0.6, 0.3, num_microbatches // 10, num_microbatches, warmup_multiplier=10.0)
+      0.6, 0.3, num_microbatches // 10, num_microbatches, warmup_multiplier=10.0
+  )
   tx = optax_gqc.gnts(optax.adamw(3e-3), threshold, max_draws=16)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
   initial_loss, initial_accuracy = evaluate(model, x[1400:], y[1400:])
@@ -55,13 +58,17 @@ def main(num_microbatches: int = 1000, microbatch_size: int = 16, seed: int = 0,
     loss = train_step(model, optimizer, x[batch], y[batch])
     if log_every and (i + 1) % log_every == 0:
       stats = {k: float(v) for k, v in optax_gqc.statistics(optimizer.opt_state).items()}
-      print(f'microbatch {i + 1:5d}  loss {float(loss):.3f}  optimizer steps '
-            f'{stats["num_steps"]:4.0f}  last step: draws {stats["last_num_draws"]:2.0f}, '
-            f'|mean g| {stats["last_grad_norm"]:.3f}  threshold {stats["threshold"]:.3f}')
+      print(
+          f'microbatch {i + 1:5d}  loss {float(loss):.3f}  optimizer steps '
+          f'{stats["num_steps"]:4.0f}  last step: draws {stats["last_num_draws"]:2.0f}, '
+          f'|mean g| {stats["last_grad_norm"]:.3f}  threshold {stats["threshold"]:.3f}'
+      )
   final_loss, final_accuracy = evaluate(model, x[1400:], y[1400:])
   return {
-      'initial_loss': float(initial_loss), 'initial_accuracy': float(initial_accuracy),
-      'final_loss': float(final_loss), 'final_accuracy': float(final_accuracy),
+      'initial_loss': float(initial_loss),
+      'initial_accuracy': float(initial_accuracy),
+      'final_loss': float(final_loss),
+      'final_accuracy': float(final_accuracy),
       'optimizer_step': int(optimizer.step[...]),  # microbatches, i.e. calls of update
       'num_steps': int(optax_gqc.statistics(optimizer.opt_state)['num_steps']),
   }
@@ -69,5 +76,7 @@ def main(num_microbatches: int = 1000, microbatch_size: int = 16, seed: int = 0,
 
 if __name__ == '__main__':
   result = main(log_every=100)
-  print(f'test accuracy {result["initial_accuracy"]:.3f} -> {result["final_accuracy"]:.3f}, '
-        f'{result["num_steps"]} optimizer steps in {result["optimizer_step"]} microbatches')
+  print(
+      f'test accuracy {result["initial_accuracy"]:.3f} -> {result["final_accuracy"]:.3f}, '
+      f'{result["num_steps"]} optimizer steps in {result["optimizer_step"]} microbatches'
+  )

@@ -226,7 +226,9 @@ def accumulate(
     grad_dtypes = jax.tree.map(lambda g: g.dtype, updates)
     out_shape, _ = jax.eval_shape(
         functools.partial(_inner_update, inner, extra_args),
-        updates, state.inner_state, params,
+        updates,
+        state.inner_state,
+        params,
     )
 
     # The large buffers are operands, not closures: the step branch only reads
@@ -251,7 +253,8 @@ def accumulate(
     # that averaged n >= 2 microbatches.
     batch = 1.0 if microbatch_size is None else microbatch_size
     grad_sq_est, trace_est = noise_scale_estimates(
-        batch, stats.sum_sq_norms / n, n * batch, jnp.square(acc_norm))
+        batch, stats.sum_sq_norms / n, n * batch, jnp.square(acc_norm)
+    )
     fold = step & (n >= 2)
 
     def ema(old, new):
@@ -338,8 +341,13 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   out = {
       name: getattr(s, name)
       for name in (
-          'num_draws', 'num_batches', 'num_steps', 'num_skipped',
-          'last_num_draws', 'last_grad_norm', 'acc_norm',
+          'num_draws',
+          'num_batches',
+          'num_steps',
+          'num_skipped',
+          'last_num_draws',
+          'last_grad_norm',
+          'acc_norm',
       )
   }
   weight = jnp.where(s.noise_weight > 0, s.noise_weight, jnp.nan)

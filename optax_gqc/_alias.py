@@ -53,8 +53,11 @@ def gnts(
     torch-gqc, `Gradient Quality Control <https://pypi.org/project/torch-gqc/>`_
   """
   return accumulate(
-      inner, gates.norm_below(threshold), max_draws=max_draws,
-      microbatch_size=microbatch_size, accumulator_dtype=accumulator_dtype,
+      inner,
+      gates.norm_below(threshold),
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
   )
 
@@ -93,9 +96,12 @@ def sbc(
     >>> tx = optax_gqc.sbc(optax.adam(1e-3), logical_batch_size=256, microbatch_size=32)
   """
   return accumulate(
-      inner, gates.batch_size_at_least(logical_batch_size, microbatch_size),
-      max_draws=max_draws, microbatch_size=microbatch_size,
-      accumulator_dtype=accumulator_dtype, skip_nonfinite=skip_nonfinite,
+      inner,
+      gates.batch_size_at_least(logical_batch_size, microbatch_size),
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
   )
 
 
@@ -121,8 +127,11 @@ def gns(
     >>> tx = optax_gqc.gns(optax.adamw(1e-3), tolerance=0.05)
   """
   return accumulate(
-      inner, gates.noise_ratio_below(tolerance), max_draws=max_draws,
-      microbatch_size=microbatch_size, accumulator_dtype=accumulator_dtype,
+      inner,
+      gates.noise_ratio_below(tolerance),
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
   )
 
@@ -153,8 +162,11 @@ def mht(
     >>> updates, state = tx.update({'w': jnp.ones(2)}, state, params, value=1.5)
   """
   return accumulate(
-      inner, gates.loss_interval(confidence, percent_error, beta=beta), max_draws=max_draws,
-      microbatch_size=microbatch_size, accumulator_dtype=accumulator_dtype,
+      inner,
+      gates.loss_interval(confidence, percent_error, beta=beta),
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
   )
 
@@ -180,8 +192,12 @@ def norm_test_accumulation(
     >>> tx = optax_gqc.norm_test_accumulation(optax.adagrad(1e-2), eta=0.5)
   """
   return accumulate(
-      inner, gates.norm_test(eta), max_draws=max_draws, microbatch_size=microbatch_size,
-      accumulator_dtype=accumulator_dtype, skip_nonfinite=skip_nonfinite,
+      inner,
+      gates.norm_test(eta),
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
   )
 
 

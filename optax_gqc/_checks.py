@@ -49,8 +49,11 @@ def check_positive_int(name: str, value: Any) -> None:
     return
   if isinstance(value, bool) or not (
       isinstance(value, numbers.Integral)
-      or (isinstance(value, np.ndarray | jax.Array) and np.issubdtype(value.dtype, np.integer)
-          and np.ndim(value) == 0)
+      or (
+          isinstance(value, np.ndarray | jax.Array)
+          and np.issubdtype(value.dtype, np.integer)
+          and np.ndim(value) == 0
+      )
   ):
     raise TypeError(f'{name} must be an integer, got {value!r}')
   if value < 1:

@@ -51,12 +51,12 @@ def noise_scale_estimates(
     McCandlish et al, `An Empirical Model of Large-Batch Training
     <https://arxiv.org/abs/1812.06162>`_, 2018
   """
-  b_s, g_s, b_b, g_b = (jnp.asarray(x, jnp.float32) for x in
-                        (small_batch, small_sq_norm, big_batch, big_sq_norm))
+  b_s, g_s, b_b, g_b = (
+      jnp.asarray(x, jnp.float32) for x in (small_batch, small_sq_norm, big_batch, big_sq_norm)
+  )
   grad_sq_norm = (b_b * g_b - b_s * g_s) / (b_b - b_s)
   trace_cov = (g_s - g_b) / (1.0 / b_s - 1.0 / b_b)
   return grad_sq_norm, trace_cov
-
 
 
 class NoiseScaleState(NamedTuple):

@@ -154,7 +154,8 @@ def gnts_with_cosine_schedule(
   hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
   gate = gates.norm_below(threshold)
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+  )
 
 
 def gnts_with_cosine_schedule_conventional_lr(
@@ -183,7 +184,8 @@ def gnts_with_cosine_schedule_conventional_lr(
   hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   gate = gates.norm_below(threshold)
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+  )
 
 
 def _gnr_recipe(target, optimizer, hyperparams, optimizer_kwargs):
@@ -307,7 +309,8 @@ def sbc_with_polynomial_schedule(
   hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
   gate = gates.batch_size_at_least(batch, microbatch_size)
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+  )
 
 
 def sbc_with_polynomial_schedule_conventional_lr(
@@ -336,7 +339,8 @@ def sbc_with_polynomial_schedule_conventional_lr(
   hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   gate = gates.batch_size_at_least(batch, microbatch_size)
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+  )
 
 
 def gns_with_cosine_schedule(
@@ -379,7 +383,8 @@ def gns_with_cosine_schedule(
   hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   gate = gates.noise_ratio_below(tolerance)
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+  )
 
 
 def gns_default(
@@ -403,7 +408,8 @@ def gns_default(
   hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   gate = gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup_steps))
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+  )
 
 
 def mht_with_warmup_schedule(
@@ -447,4 +453,5 @@ def mht_with_warmup_schedule(
   )
   hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs)
+      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+  )

@@ -145,8 +145,9 @@ def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientT
       normalizer = state.normalizer
       divisor = 1.0
       if normalize:
-        largest = jnp.max(jnp.stack(
-            [jnp.where(n, r, 0.0) for n, (r, _) in zip(new, stats, strict=True)]))
+        largest = jnp.max(
+            jnp.stack([jnp.where(n, r, 0.0) for n, (r, _) in zip(new, stats, strict=True)])
+        )
         normalizer = jnp.where(normalizer > 0, normalizer, largest)
         divisor = jnp.where(normalizer > 0, normalizer, 1.0)
       gsnr = [
@@ -162,7 +163,8 @@ def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientT
     else:
       gsnr, normalizer = old, state.normalizer
     updates = treedef.unflatten(
-        [(s * u).astype(u.dtype) for u, s in zip(leaves, gsnr, strict=True)])
+        [(s * u).astype(u.dtype) for u, s in zip(leaves, gsnr, strict=True)]
+    )
     return updates, ScaleByGsnrState(
         computed=treedef.unflatten(done),
         gsnr=treedef.unflatten(gsnr),

@@ -55,6 +55,7 @@ def stdlib_corpus(max_bytes: int) -> tuple[bytes, list[str]]:
 
 
 class Block(nnx.Module):
+
   def __init__(self, dim: int, heads: int, rngs: nnx.Rngs):
     self.norm1 = nnx.LayerNorm(dim, rngs=rngs)
     self.attn = nnx.MultiHeadAttention(num_heads=heads, in_features=dim, decode=False, rngs=rngs)
@@ -120,8 +121,14 @@ def run_arm(name: str, tx, args, train: np.ndarray, val: np.ndarray, log: Callab
   eval_every = max(count // args.evals, 1)
   curve, step_counts = [], []
   start = time.perf_counter()
-  bar = tqdm(range(count), desc=f'{name:8s}', unit='mb', leave=True, mininterval=1.0,
-             disable=args.no_progress)
+  bar = tqdm(
+      range(count),
+      desc=f'{name:8s}',
+      unit='mb',
+      leave=True,
+      mininterval=1.0,
+      disable=args.no_progress,
+  )
   for i in bar:
     batch = jnp.asarray(train[i], jnp.int32)
     loss = train_step(model, optimizer, batch)
@@ -141,27 +148,37 @@ def run_arm(name: str, tx, args, train: np.ndarray, val: np.ndarray, log: Callab
       bar.set_postfix(post, refresh=False)
     if (i + 1) % eval_every == 0 or i + 1 == count:
       stats = {k: float(v) for k, v in _statistics(optimizer).items()}
-      point = {'tokens': (i + 1) * tokens_per_micro, 'val_loss': float(eval_loss(model, val)),
-               'steps': int(stats.get('num_steps', i + 1))}
-      point.update({k: stats[k] for k in ('threshold', 'threshold_ratio', 'noise_scale')
-                    if k in stats})
+      point = {
+          'tokens': (i + 1) * tokens_per_micro,
+          'val_loss': float(eval_loss(model, val)),
+          'steps': int(stats.get('num_steps', i + 1)),
+      }
+      point.update(
+          {k: stats[k] for k in ('threshold', 'threshold_ratio', 'noise_scale') if k in stats}
+      )
       curve.append(point)
   counts = np.asarray(jax.device_get(step_counts), np.int64)
   stepped = np.flatnonzero(np.diff(counts, prepend=0) > 0)  # microbatches that stepped
-  draws_at_steps = [(int(i + 1), int(d)) for i, d in zip(stepped, np.diff(stepped, prepend=-1),
-                                                         strict=True)]
+  draws_at_steps = [
+      (int(i + 1), int(d)) for i, d in zip(stepped, np.diff(stepped, prepend=-1), strict=True)
+  ]
   seconds = time.perf_counter() - start
   final = curve[-1]
   noise = _statistics(optimizer).get('noise_scale')
   summary = {
-      'arm': name, 'val_loss': final['val_loss'], 'tokens': count * tokens_per_micro,
+      'arm': name,
+      'val_loss': final['val_loss'],
+      'tokens': count * tokens_per_micro,
       'tokens_per_microbatch': tokens_per_micro,
-      'steps': final['steps'], 'draws_per_step': count / max(final['steps'], 1),
+      'steps': final['steps'],
+      'draws_per_step': count / max(final['steps'], 1),
       'seconds': seconds,
       'noise_scale': None if noise is None or not math.isfinite(float(noise)) else float(noise),
   }
-  log(f"{name}: val loss {summary['val_loss']:.4f}, {summary['steps']} steps, "
-      f"{summary['draws_per_step']:.2f} microbatches per step, {seconds:.0f} s")
+  log(
+      f"{name}: val loss {summary['val_loss']:.4f}, {summary['steps']} steps, "
+      f"{summary['draws_per_step']:.2f} microbatches per step, {seconds:.0f} s"
+  )
   return {'summary': summary, 'curve': curve, 'draws_at_steps': draws_at_steps}
 
 
@@ -179,13 +196,15 @@ def make_arms(args, count: int, fixed_draws: int) -> dict[str, Any]:
 
   def cosine(steps):
     return optax.warmup_cosine_decay_schedule(
-        0.0, lr, max(int(args.warmup * steps), 1), max(steps, 2), end_value=0.1 * lr)
+        0.0, lr, max(int(args.warmup * steps), 1), max(steps, 2), end_value=0.1 * lr
+    )
 
   # GNTS, torch-gqc's recipe: lr warms up over the first microbatches (each is a
   # step early on) and stays; the threshold ratio falls from warmup_multiplier
   # times its initial value (so early microbatches step at once), then anneals.
   ratio = schedules.cosine_with_inverse_warmup(
-      args.initial_ratio, args.final_ratio, warmup, count, args.warmup_multiplier)
+      args.initial_ratio, args.final_ratio, warmup, count, args.warmup_multiplier
+  )
   gnts_gate = gates.any_of(gates.norm_below(ratio, relative=True), gates.norm_test(args.eta))
   # The GNTS arm's learning rate is a schedule of microbatches (tokens), not of
   # its steps: torch-gqc's constant after warmup, or the control's own curve.
@@ -197,11 +216,18 @@ def make_arms(args, count: int, fixed_draws: int) -> dict[str, Any]:
       'control': lambda: optax.adamw(cosine(count), weight_decay=wd),
       'fixed': lambda: optax_gqc.sbc(
           optax.adamw(cosine(count // fixed_draws), weight_decay=wd),
-          logical_batch_size=fixed_draws * args.microbatch, microbatch_size=args.microbatch,
-          max_draws=fixed_draws),
+          logical_batch_size=fixed_draws * args.microbatch,
+          microbatch_size=args.microbatch,
+          max_draws=fixed_draws,
+      ),
       'gnts': lambda: optax_gqc.scheduled_accumulation(
-          optax.adamw, gnts_gate, {'learning_rate': gnts_lr}, max_draws=args.max_draws,
-          microbatch_size=args.microbatch, weight_decay=wd),
+          optax.adamw,
+          gnts_gate,
+          {'learning_rate': gnts_lr},
+          max_draws=args.max_draws,
+          microbatch_size=args.microbatch,
+          weight_decay=wd,
+      ),
   }
 
 
@@ -225,14 +251,18 @@ def plot(results: dict[str, Any], path: Path) -> None:
       axes[1].plot(steps[:, 0] * tokens_per_micro, steps[:, 1], '.', ms=2, alpha=0.4)
       window = max(len(steps) // 30, 1)
       smooth = np.convolve(steps[:, 1], np.ones(window) / window, mode='valid')
-      axes[1].plot(steps[window - 1:, 0] * tokens_per_micro, smooth, lw=2)
+      axes[1].plot(steps[window - 1 :, 0] * tokens_per_micro, smooth, lw=2)
     axes[1].set(xlabel='tokens', ylabel='microbatches per step', title='GNTS: draws per step')
     c = [p for p in g['curve'] if 'threshold' in p]
     axes[2].plot([p['tokens'] for p in c], [p['threshold'] for p in c], label='absolute norm')
     axes[2].set(xlabel='tokens', ylabel='threshold (gradient norm)', title='GNTS: threshold')
     twin = axes[2].twinx()
-    twin.plot([p['tokens'] for p in c], [p['threshold_ratio'] for p in c], 'C1--',
-              label='ratio to EMA of microbatch norms')
+    twin.plot(
+        [p['tokens'] for p in c],
+        [p['threshold_ratio'] for p in c],
+        'C1--',
+        label='ratio to EMA of microbatch norms',
+    )
     twin.set_ylabel('relative threshold')
     axes[2].legend(loc='upper right', fontsize=8)
     twin.legend(loc='center right', fontsize=8)
@@ -259,10 +289,14 @@ def parse_args(argv=None):
   p.add_argument('--final-ratio', type=float, default=0.35)
   p.add_argument('--warmup-multiplier', type=float, default=2.0)
   p.add_argument('--eta', type=float, default=0.8, help='norm-test valve')
-  p.add_argument('--gnts-lr', choices=('constant', 'cosine'), default='constant',
-                 help="GNTS arm's lr after warmup: torch-gqc's constant, or cosine decay")
+  p.add_argument(
+      '--gnts-lr',
+      choices=('constant', 'cosine'),
+      default='constant',
+      help="GNTS arm's lr after warmup: torch-gqc's constant, or cosine decay",
+  )
   p.add_argument('--max-draws', type=int, default=32)
-  p.add_argument('--fixed-draws', type=int, default=0, help='0: the GNTS arm\'s mean')
+  p.add_argument('--fixed-draws', type=int, default=0, help="0: the GNTS arm's mean")
   p.add_argument('--evals', type=int, default=12)
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--out', type=str, default='./gqc-demo-out')
@@ -292,11 +326,20 @@ def main(argv=None) -> dict[str, Any]:
   count = args.tokens // (args.microbatch * args.context)
   train = sample_batches(data[:split], count, args.microbatch, args.context, args.seed)
   val = jnp.asarray(sample_batches(data[split:], 4, 32, args.context, args.seed + 1))
-  model_params = sum(x.size for x in jax.tree.leaves(nnx.state(
-      CharTransformer(args.dim, args.layers, args.heads, args.context, nnx.Rngs(0)), nnx.Param)))
-  print(f'{len(text) / 1e6:.2f} MB of text ({len(source)} files), {model_params / 1e6:.2f}M '
-        f'parameters, microbatch {args.microbatch} x {args.context} bytes, '
-        f'{count} microbatches per arm')
+  model_params = sum(
+      x.size
+      for x in jax.tree.leaves(
+          nnx.state(
+              CharTransformer(args.dim, args.layers, args.heads, args.context, nnx.Rngs(0)),
+              nnx.Param,
+          )
+      )
+  )
+  print(
+      f'{len(text) / 1e6:.2f} MB of text ({len(source)} files), {model_params / 1e6:.2f}M '
+      f'parameters, microbatch {args.microbatch} x {args.context} bytes, '
+      f'{count} microbatches per arm'
+  )
 
   results, log_lines = {}, []
   log = lambda line: (log_lines.append(line), print(line))  # noqa: E731
@@ -312,22 +355,35 @@ def main(argv=None) -> dict[str, Any]:
   # the estimate is unbiased (GNTS's stopping rule biases its own upwards).
   noise_arm = next((a for a in ('fixed', 'gnts') if a in results), None)
   noise = results[noise_arm]['summary']['noise_scale'] if noise_arm else None
-  header = (f"{'arm':8s} {'val loss':>9s} {'tokens':>10s} {'opt steps':>10s} "
-            f"{'draws/step':>11s} {'wall s':>7s}")
+  header = (
+      f"{'arm':8s} {'val loss':>9s} {'tokens':>10s} {'opt steps':>10s} "
+      f"{'draws/step':>11s} {'wall s':>7s}"
+  )
   table = [header] + [
       f"{r['summary']['arm']:8s} {r['summary']['val_loss']:9.4f} {r['summary']['tokens']:10d} "
       f"{r['summary']['steps']:10d} {r['summary']['draws_per_step']:11.2f} "
-      f"{r['summary']['seconds']:7.0f}" for r in (results[a] for a in arms if a in results)]
+      f"{r['summary']['seconds']:7.0f}"
+      for r in (results[a] for a in arms if a in results)
+  ]
   print('\n' + '\n'.join(table))
   if noise is not None:
-    print(f'noise scale B_simple (from the {noise_arm} arm): {noise:.0f} sequences of '
-          f'{args.context} bytes; microbatch: {args.microbatch} sequences; fixed arm: '
-          f'{fixed_draws} microbatches per step')
+    print(
+        f'noise scale B_simple (from the {noise_arm} arm): {noise:.0f} sequences of '
+        f'{args.context} bytes; microbatch: {args.microbatch} sequences; fixed arm: '
+        f'{fixed_draws} microbatches per step'
+    )
   plot(results, out / 'curves.png')
-  payload = {'config': vars(args), 'corpus_files': source, 'parameters': model_params,
-             'fixed_draws': fixed_draws, 'noise_scale_sequences': noise,
-             'noise_scale_arm': noise_arm, 'table': table,
-             'arms': results, 'device': jax.devices()[0].platform}
+  payload = {
+      'config': vars(args),
+      'corpus_files': source,
+      'parameters': model_params,
+      'fixed_draws': fixed_draws,
+      'noise_scale_sequences': noise,
+      'noise_scale_arm': noise_arm,
+      'table': table,
+      'arms': results,
+      'device': jax.devices()[0].platform,
+  }
   (out / 'results.json').write_text(json.dumps(payload, indent=1))
   (out / 'table.txt').write_text('\n'.join(table) + '\n')
   print(f'wrote {out / "curves.png"}, {out / "results.json"}')

@@ -61,7 +61,6 @@ class Gate(NamedTuple):
   update: Callable[..., tuple[jax.Array, Any]]
 
 
-
 def _value_at(hyperparam: optax.ScalarOrSchedule, t: jax.Array) -> jax.Array:
   value = hyperparam(t) if callable(hyperparam) else hyperparam
   return jnp.array(value, jnp.float32)  # a copy: never share a buffer with the caller
@@ -129,26 +128,28 @@ def norm_below(
 
   def init():
     t0 = jnp.zeros([], jnp.int32)
-    return {'threshold': jnp.full([], jnp.nan, jnp.float32),
-            'threshold_ratio': _value_at(threshold, t0),
-            'grad_norm_ema': jnp.full([], jnp.nan, jnp.float32)}  # NaN: no norm seen yet
+    return {
+        'threshold': jnp.full([], jnp.nan, jnp.float32),
+        'threshold_ratio': _value_at(threshold, t0),
+        'grad_norm_ema': jnp.full([], jnp.nan, jnp.float32),
+    }  # NaN: no norm seen yet
 
   def update(stats, gate_state, **extra_args):
     del extra_args
     unit = gate_state['grad_norm_ema']
-    unit = jnp.where(jnp.isnan(unit), stats.grad_norm,
-                     beta * unit + (1.0 - beta) * stats.grad_norm)
+    unit = jnp.where(jnp.isnan(unit), stats.grad_norm, beta * unit + (1.0 - beta) * stats.grad_norm)
     ratio = _value_at(threshold, stats.num_batches)
     limit = ratio * unit
     return stats.acc_norm <= limit, {
-        'threshold': limit, 'threshold_ratio': ratio, 'grad_norm_ema': unit}
+        'threshold': limit,
+        'threshold_ratio': ratio,
+        'grad_norm_ema': unit,
+    }
 
   return Gate(init, update)
 
 
-def batch_size_at_least(
-    logical_batch_size: optax.ScalarOrSchedule, microbatch_size: int
-) -> Gate:
+def batch_size_at_least(logical_batch_size: optax.ScalarOrSchedule, microbatch_size: int) -> Gate:
   r"""Steps once the accumulated examples reach ``logical_batch_size``.
 
   The rule of Scheduled Batch Control (SBC, torch-gqc's
@@ -213,8 +214,11 @@ def noise_ratio_below(tolerance: optax.ScalarOrSchedule) -> Gate:
 
   def init():
     zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
-    return {'tolerance': _value_at(tolerance, jnp.zeros([], jnp.int32)),
-            'norm_mean': zero(), 'norm_m2': zero()}
+    return {
+        'tolerance': _value_at(tolerance, jnp.zeros([], jnp.int32)),
+        'norm_mean': zero(),
+        'norm_m2': zero(),
+    }
 
   def update(stats, gate_state, **extra_args):
     del extra_args
@@ -275,16 +279,20 @@ def loss_interval(
   def init():
     zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
     t0 = jnp.zeros([], jnp.int32)
-    return {'confidence': _value_at(confidence, t0),
-            'percent_error': _value_at(percent_error, t0),
-            'loss_ema': jnp.full([], jnp.nan, jnp.float32),  # NaN: no loss seen yet
-            'loss_mean': zero(), 'loss_m2': zero()}
+    return {
+        'confidence': _value_at(confidence, t0),
+        'percent_error': _value_at(percent_error, t0),
+        'loss_ema': jnp.full([], jnp.nan, jnp.float32),  # NaN: no loss seen yet
+        'loss_mean': zero(),
+        'loss_m2': zero(),
+    }
 
   def update(stats, gate_state, *, value=None, **extra_args):
     del extra_args
     if value is None:
       raise ValueError(
-          'loss_interval needs the loss: call update(grads, state, params, value=loss)')
+          'loss_interval needs the loss: call update(grads, state, params, value=loss)'
+      )
     loss = jnp.asarray(value, jnp.float32)
     n = stats.num_draws
     ema = gate_state['loss_ema']
@@ -298,8 +306,13 @@ def loss_interval(
     error = _value_at(percent_error, stats.num_batches)
     ratio = error * mean / scale
     step = (ratio >= 0) & (two_sided_tail(jnp.maximum(ratio, 0.0), n) <= 1.0 - conf)
-    return step, {'confidence': conf, 'percent_error': error, 'loss_ema': ema,
-                  'loss_mean': mean_l, 'loss_m2': m2_l}
+    return step, {
+        'confidence': conf,
+        'percent_error': error,
+        'loss_ema': ema,
+        'loss_mean': mean_l,
+        'loss_m2': m2_l,
+    }
 
   return Gate(init, update)
 

@@ -182,8 +182,10 @@ def propose_batch_size(
   if eta is not None:
     wanted = _trace_var(g, mean, b) / (eta**2 * mean_sq)
   else:
-    wanted = jnp.maximum(_inner_var(g, mean) / (theta**2 * mean_sq**2),
-                         _orth_sum(g, mean, mean_sq) / (nu**2 * mean_sq))
+    wanted = jnp.maximum(
+        _inner_var(g, mean) / (theta**2 * mean_sq**2),
+        _orth_sum(g, mean, mean_sq) / (nu**2 * mean_sq),
+    )
   cap = float(2**31 - 1 if max_batch_size is None else max_batch_size)
   # A zero mean gradient asks for infinitely many samples (a NaN ratio): the cap.
   wanted = jnp.where(jnp.isnan(wanted), jnp.inf, wanted)

@@ -144,9 +144,7 @@ def cosine_with_warmup(
     [0.0, 0.5, 1.0, 0.0, 0.0]
   """
   _check_steps(warmup_steps, total_steps)
-  return _schedule(
-      warmup_steps, total_steps, _warm(peak_value), _cosine(peak_value, end_value)
-  )
+  return _schedule(warmup_steps, total_steps, _warm(peak_value), _cosine(peak_value, end_value))
 
 
 def cosine_with_inverse_warmup(

@@ -90,8 +90,9 @@ def test_sbc_with_constant_batch_matches_multisteps(inner):
 
 @hypothesis.settings(max_examples=25, deadline=None)
 @hypothesis.given(
-    scales=hnp.arrays(np.float32, st.integers(1, 30), elements=st.sampled_from(
-        [0.01, 0.1, 0.5, 1.0, 3.0, np.nan])),
+    scales=hnp.arrays(
+        np.float32, st.integers(1, 30), elements=st.sampled_from([0.01, 0.1, 0.5, 1.0, 3.0, np.nan])
+    ),
     threshold=st.floats(0.0, 2.0),
     max_draws=st.integers(1, 6),
     seed=st.integers(0, 2**16),
@@ -211,9 +212,17 @@ def test_bf16_params_with_float32_accumulator():
   state = out[-1][1]
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.accumulator))
   assert all(u.dtype == jnp.bfloat16 for u in jax.tree.leaves(out[3][0]))
-  ref = run(optax.adam(1e-2), [jax.tree.map(lambda *xs: (sum(
-      x.astype(jnp.float32) for x in xs) / 4).astype(jnp.bfloat16), *grads[i:i + 4])
-      for i in (0, 4)], params)
+  ref = run(
+      optax.adam(1e-2),
+      [
+          jax.tree.map(
+              lambda *xs: (sum(x.astype(jnp.float32) for x in xs) / 4).astype(jnp.bfloat16),
+              *grads[i : i + 4],
+          )
+          for i in (0, 4)
+      ],
+      params,
+  )
   chex.assert_trees_all_close(out[-1][2], ref[-1][2], rtol=1e-2)
 
 
@@ -225,9 +234,17 @@ def test_inside_chain_and_statistics():
   out = run(tx, grad_stream(7))
   stats = jax.jit(optax_gqc.statistics)(out[-1][1])
   assert set(stats) == {
-      'num_draws', 'num_batches', 'num_steps', 'num_skipped',
-      'last_num_draws', 'last_grad_norm', 'acc_norm', 'threshold',
-      'noise_scale', 'grad_sq_norm_est', 'trace_cov_est',
+      'num_draws',
+      'num_batches',
+      'num_steps',
+      'num_skipped',
+      'last_num_draws',
+      'last_grad_norm',
+      'acc_norm',
+      'threshold',
+      'noise_scale',
+      'grad_sq_norm_est',
+      'trace_cov_est',
   }
   assert int(stats['num_batches']) == 7
   assert float(stats['threshold']) == pytest.approx(0.3)
@@ -314,7 +331,8 @@ def test_any_of_and_all_of():
 
 def test_same_gate_twice_gets_suffixed_statistics():
   tx = optax_gqc.accumulate(
-      optax.sgd(1.0), gates.any_of(gates.norm_below(0.1), gates.norm_below(0.2)))
+      optax.sgd(1.0), gates.any_of(gates.norm_below(0.1), gates.norm_below(0.2))
+  )
   stats = optax_gqc.statistics(tx.init(PARAMS))
   assert float(stats['threshold']) == pytest.approx(0.1)
   assert float(stats['threshold_1']) == pytest.approx(0.2)
@@ -325,13 +343,19 @@ def test_same_gate_twice_gets_suffixed_statistics():
     [
         (lambda: optax_gqc.gnts(optax.sgd(1.0), 0.1, max_draws=0), ValueError, 'max_draws'),
         (lambda: optax_gqc.gnts(optax.sgd(1.0), 0.1, max_draws=2.5), TypeError, 'max_draws'),
-        (lambda: optax_gqc.gnts(optax.sgd(1.0), 0.1, max_draws=jnp.asarray(0)), ValueError,
-         'max_draws'),
+        (
+            lambda: optax_gqc.gnts(optax.sgd(1.0), 0.1, max_draws=jnp.asarray(0)),
+            ValueError,
+            'max_draws',
+        ),
         (lambda: optax_gqc.gnts(optax.sgd(1.0), -0.1), ValueError, 'threshold'),
         (lambda: optax_gqc.gnts(optax.sgd(1.0), float('nan')), ValueError, 'threshold'),
         (lambda: optax_gqc.gnts(optax.sgd(1.0), 'high'), TypeError, 'threshold'),
-        (lambda: optax_gqc.gnts(optax.sgd(1.0), 0.1, microbatch_size=0), ValueError,
-         'microbatch_size'),
+        (
+            lambda: optax_gqc.gnts(optax.sgd(1.0), 0.1, microbatch_size=0),
+            ValueError,
+            'microbatch_size',
+        ),
         (lambda: optax_gqc.sbc(optax.sgd(1.0), -8, 4), ValueError, 'logical_batch_size'),
         (lambda: optax_gqc.sbc(optax.sgd(1.0), 8, 0), ValueError, 'microbatch_size'),
         (lambda: optax_gqc.scale_to_norm(float('nan')), ValueError, 'target'),

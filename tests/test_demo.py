@@ -34,22 +34,35 @@ def test_demo_quick_run_writes_a_complete_table(tmp_path, capsys):
     assert len(draws) == arm['summary']['steps']
     last_step_microbatch = arm['draws_at_steps'][-1][0]
     assert sum(draws) == last_step_microbatch
-  assert payload['arms']['gnts']['summary']['steps'] < payload['arms']['control']['summary'][
-      'steps']
+  assert (
+      payload['arms']['gnts']['summary']['steps'] < payload['arms']['control']['summary']['steps']
+  )
   assert 'val loss' in out and 'draws/step' in out
 
 
 def test_demo_is_deterministic(tmp_path):
-  runs = [demo.main(['--quick', '--no-progress', '--arms', 'gnts', '--out', str(tmp_path / k)])
-          for k in 'ab']
+  runs = [
+      demo.main(['--quick', '--no-progress', '--arms', 'gnts', '--out', str(tmp_path / k)])
+      for k in 'ab'
+  ]
   assert runs[0]['arms']['gnts']['curve'] == runs[1]['arms']['gnts']['curve']
 
 
 def test_demo_trains_on_a_users_file(tmp_path):
   text = tmp_path / 'text.txt'
   text.write_text('the quick brown fox jumps over the lazy dog. ' * 2000)
-  payload = demo.main(['--quick', '--no-progress', '--arms', 'control', '--data', str(text),
-                       '--out', str(tmp_path / 'out')])
+  payload = demo.main(
+      [
+          '--quick',
+          '--no-progress',
+          '--arms',
+          'control',
+          '--data',
+          str(text),
+          '--out',
+          str(tmp_path / 'out'),
+      ]
+  )
   assert payload['corpus_files'] == [str(text)]
   assert payload['arms']['control']['summary']['val_loss'] < 2.0  # easy, repetitive text
 
@@ -60,8 +73,9 @@ def test_demo_rejects_unknown_arms(tmp_path):
 
 
 def test_relative_threshold_follows_the_microbatch_norms():
-  tx = optax_gqc.accumulate(optax.sgd(0.0), gates.norm_below(0.5, relative=True, beta=0.0),
-                            max_draws=50)
+  tx = optax_gqc.accumulate(
+      optax.sgd(0.0), gates.norm_below(0.5, relative=True, beta=0.0), max_draws=50
+  )
   params = {'w': jnp.zeros(40)}
   state = tx.init(params)
   update = jax.jit(tx.update)
@@ -75,10 +89,10 @@ def test_relative_threshold_follows_the_microbatch_norms():
     stats = optax_gqc.statistics(state)
     # Pure noise: |mean| ~ |g| / sqrt(n), so a ratio of 0.5 needs about 4 draws.
     assert 3 <= draws <= 8
-    assert float(stats['threshold']) == pytest.approx(
-        0.5 * float(stats['grad_norm_ema']), rel=1e-6)
+    assert float(stats['threshold']) == pytest.approx(0.5 * float(stats['grad_norm_ema']), rel=1e-6)
     assert float(stats['grad_norm_ema']) == pytest.approx(
-        float(jnp.linalg.norm(g['w'])), rel=1e-6)  # beta 0: the latest microbatch norm
+        float(jnp.linalg.norm(g['w'])), rel=1e-6
+    )  # beta 0: the latest microbatch norm
 
 
 def test_relative_threshold_in_the_signal_dominated_regime_needs_the_valve():

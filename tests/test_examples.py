@@ -17,8 +17,9 @@ def load_example(name: str) -> types.ModuleType:
   return module
 
 
-@pytest.mark.parametrize('name, step_key', [('flax_nnx', 'optimizer_step'),
-                                            ('flax_linen', 'train_state_step')])
+@pytest.mark.parametrize(
+    'name, step_key', [('flax_nnx', 'optimizer_step'), ('flax_linen', 'train_state_step')]
+)
 def test_example_learns_and_counts_microbatches(name, step_key, capsys):
   result = load_example(name).main(num_microbatches=NUM_MICROBATCHES, log_every=100)
   out = capsys.readouterr().out

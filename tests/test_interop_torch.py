@@ -30,8 +30,9 @@ def test_import_without_torch_says_how_to_install(monkeypatch):
 
 def _model(dtype):
   torch.manual_seed(0)
-  return torch.nn.Sequential(
-      torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3)).to(dtype)
+  return torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3)).to(
+      dtype
+  )
 
 
 def _bits(x):
@@ -50,7 +51,8 @@ def test_module_round_trip_keeps_names_dtypes_and_values(dtype):
     assert tree[name].dtype == jnp.dtype(dtype) and tree[name].shape == tuple(p.shape)
     np.testing.assert_array_equal(_bits(tree[name]), _bits(tshim.to_jax(p)))
     np.testing.assert_array_equal(
-        _bits(tree[name]), p.detach().view(torch.int16 if dtype == 'bfloat16' else torch.int32))
+        _bits(tree[name]), p.detach().view(torch.int16 if dtype == 'bfloat16' else torch.int32)
+    )
 
   changed = {k: (2 * v + 1).astype(v.dtype) for k, v in tree.items()}
   tshim.load_into(model, changed)

@@ -32,8 +32,9 @@ def regression_run(d, s, delta_norm, *, microbatch=4, draws=8, steps=4000, seed=
   w = w_star + delta * delta_norm / jnp.linalg.norm(delta)
   if gate is None:
     gate = gates.batch_size_at_least(draws * microbatch, microbatch)
-  tx = optax_gqc.accumulate(optax.sgd(0.0), gate, max_draws=2 * draws,
-                            microbatch_size=microbatch, noise_beta=0.998)
+  tx = optax_gqc.accumulate(
+      optax.sgd(0.0), gate, max_draws=2 * draws, microbatch_size=microbatch, noise_beta=0.998
+  )
 
   def body(state, key):
     kx, kn = jax.random.split(key)
@@ -53,8 +54,9 @@ def regression_run(d, s, delta_norm, *, microbatch=4, draws=8, steps=4000, seed=
   return truth, optax_gqc.statistics(state), np.mean(np.asarray(trace) / np.asarray(grad_sq))
 
 
-@pytest.mark.parametrize('d, s, delta_norm', [(10, 1.0, 1.0), (50, 0.5, 2.0), (20, 2.0, 2.0),
-                                              (5, 0.0, 1.0)])
+@pytest.mark.parametrize(
+    'd, s, delta_norm', [(10, 1.0, 1.0), (50, 0.5, 2.0), (20, 2.0, 2.0), (5, 0.0, 1.0)]
+)
 def test_engine_noise_scale_matches_linear_regression_truth(d, s, delta_norm):
   truth, stats, _ = regression_run(d, s, delta_norm)
   assert float(stats['noise_scale']) == pytest.approx(truth, rel=0.05)
@@ -69,8 +71,9 @@ def test_ratio_of_averages_is_unbiased_where_average_of_ratios_is_not(d, s, delt
   assert abs(mean_of_ratios / truth - 1) > 0.10  # per-step |G|^2 estimates near 0 blow up
 
 
-@pytest.mark.parametrize('gate, direction', [
-    (gates.norm_below(1.2), 1), (gates.norm_test(0.5), -1)])
+@pytest.mark.parametrize(
+    'gate, direction', [(gates.norm_below(1.2), 1), (gates.norm_test(0.5), -1)]
+)
 def test_gates_that_read_the_gradients_bias_the_estimate(gate, direction):
   # The documented limitation: stopping where the mean happens to be short (or
   # to pass the test) selects the big-batch norms the estimate is made of.
@@ -83,8 +86,9 @@ def test_noise_scale_units_and_nan_before_an_estimate():
   grads = [{'w': jnp.array([1.0, 0.0, 2.0])}, {'w': jnp.array([0.0, 1.0, 1.0])}]
 
   def final_stats(microbatch_size):
-    tx = optax_gqc.accumulate(optax.sgd(0.0), gates.batch_size_at_least(2, 1),
-                              microbatch_size=microbatch_size)
+    tx = optax_gqc.accumulate(
+        optax.sgd(0.0), gates.batch_size_at_least(2, 1), microbatch_size=microbatch_size
+    )
     state = tx.init(params)
     _, state = jax.jit(tx.update)(grads[0], state, params)
     first = optax_gqc.statistics(state)
@@ -99,7 +103,8 @@ def test_noise_scale_units_and_nan_before_an_estimate():
   assert float(in_microbatches['grad_sq_norm_est']) == pytest.approx(float(grad_sq), rel=1e-6)
   assert float(in_microbatches['trace_cov_est']) == pytest.approx(float(trace), rel=1e-6)
   assert float(in_examples['noise_scale']) == pytest.approx(
-      16 * float(in_microbatches['noise_scale']), rel=1e-6)
+      16 * float(in_microbatches['noise_scale']), rel=1e-6
+  )
 
 
 def test_noise_scale_needs_no_param_sized_buffer():
@@ -124,7 +129,8 @@ def test_standalone_noise_scale_under_named_vmap():
   np.testing.assert_array_equal(out['w'], grads['w'])  # passed through
   g = np.asarray(grads['w'])
   grad_sq, trace = optax_gqc.noise_scale_estimates(
-      8, np.mean(np.sum(g**2, 1)), 8 * devices, np.sum(g.mean(0) ** 2))
+      8, np.mean(np.sum(g**2, 1)), 8 * devices, np.sum(g.mean(0) ** 2)
+  )
   assert float(state.noise_scale) == pytest.approx(float(trace / grad_sq), rel=1e-5)
   assert float(state.noise_weight) == 0.5
 
@@ -134,7 +140,7 @@ def test_standalone_noise_scale_needs_axis_name():
     optax_gqc.noise_scale(0.99)  # pytype: disable=missing-parameter
 
 
-SHARD_MAP_SCRIPT = textwrap.dedent('''
+SHARD_MAP_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np, optax_gqc
     from jax.sharding import Mesh, PartitionSpec as P
     assert jax.device_count() == 8
@@ -164,13 +170,13 @@ SHARD_MAP_SCRIPT = textwrap.dedent('''
     est = float(state.noise_scale)
     assert abs(est / truth - 1) < 0.05, (est, truth)
     print('ok', est, truth)
-''')
+""")
 
 
 def test_standalone_noise_scale_under_shard_map_on_8_devices():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu')
-  out = subprocess.run([sys.executable, '-c', SHARD_MAP_SCRIPT], env=env, capture_output=True,
-                       text=True, timeout=600)
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
+  out = subprocess.run(
+      [sys.executable, '-c', SHARD_MAP_SCRIPT], env=env, capture_output=True, text=True, timeout=600
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.startswith('ok')

@@ -1,6 +1,5 @@
 """Tests of the torch-gqc recipe ports and scheduled_accumulation."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,13 +29,20 @@ def hyperparams_and_updates(tx, grads):
 def test_gnts_recipe_uses_lr_and_threshold_of_the_microbatch():
   lr = 0.3
   tx = optax_gqc.gnts_with_cosine_schedule(
-      lr, total_steps=40, warmup_steps=8, initial_threshold=1e3, final_threshold=1e3,
-      optimizer=optax.sgd, weight_decay=None)
+      lr,
+      total_steps=40,
+      warmup_steps=8,
+      initial_threshold=1e3,
+      final_threshold=1e3,
+      optimizer=optax.sgd,
+      weight_decay=None,
+  )
   grads = sgd_grads(40)
   lr_at = schedules.constant_with_warmup(lr, 8)
   thr_at = schedules.cosine_with_inverse_warmup(1e3, 1e3, 8, 40, 10.0)
   for t, (g, (updates, state)) in enumerate(
-      zip(grads, hyperparams_and_updates(tx, grads), strict=True)):
+      zip(grads, hyperparams_and_updates(tx, grads), strict=True)
+  ):
     # the threshold is huge: a step on every microbatch, with the lr of that microbatch
     np.testing.assert_allclose(updates['w'], -float(lr_at(t)) * g['w'], rtol=1e-6, atol=1e-9)
     assert float(optax_gqc.statistics(state)['threshold']) == pytest.approx(float(thr_at(t)))
@@ -47,7 +53,8 @@ def test_gnts_recipe_schedules_lr_and_weight_decay_per_microbatch(conventional):
   lr, wd = 1e-2, 0.1
   if conventional:
     tx = optax_gqc.gnts_with_cosine_schedule_conventional_lr(
-        lr, total_steps=30, warmup_steps=5, weight_decay=wd)
+        lr, total_steps=30, warmup_steps=5, weight_decay=wd
+    )
     lr_at = schedules.cosine_with_warmup(lr, 0.0, 5, 30)
     wd_at = lambda t: wd  # noqa: E731
   else:
@@ -63,10 +70,20 @@ def test_gnts_recipe_schedules_lr_and_weight_decay_per_microbatch(conventional):
 
 @pytest.mark.parametrize('conventional', [False, True])
 def test_sbc_recipe_grows_the_logical_batch(conventional):
-  make = (optax_gqc.sbc_with_polynomial_schedule_conventional_lr if conventional
-          else optax_gqc.sbc_with_polynomial_schedule)
-  tx = make(1e-2, microbatch_size=4, initial_batch_size=8, final_batch_size=32,
-            total_steps=60, warmup_steps=6, power=2.0)
+  make = (
+      optax_gqc.sbc_with_polynomial_schedule_conventional_lr
+      if conventional
+      else optax_gqc.sbc_with_polynomial_schedule
+  )
+  tx = make(
+      1e-2,
+      microbatch_size=4,
+      initial_batch_size=8,
+      final_batch_size=32,
+      total_steps=60,
+      warmup_steps=6,
+      power=2.0,
+  )
   batch_at = schedules.polynomial_with_warmup(8.0, 32.0, 6, 60, 2.0)
   draws, n = [], 0
   for t, (_, state) in enumerate(hyperparams_and_updates(tx, sgd_grads(60))):
@@ -85,12 +102,19 @@ def test_gnr_recipe_rescales_and_schedules(conventional):
   lr = 0.5
   if conventional:
     tx = optax_gqc.gnr_with_cosine_schedule_conventional_lr(
-        lr, initial_norm=2.0, final_norm=1.0, total_steps=20, warmup_steps=4, optimizer=optax.sgd)
+        lr, initial_norm=2.0, final_norm=1.0, total_steps=20, warmup_steps=4, optimizer=optax.sgd
+    )
     lr_at = schedules.cosine_with_warmup(lr, 0.0, 4, 20)
   else:
     tx = optax_gqc.gnr_with_cosine_schedule(
-        lr, initial_norm=2.0, final_norm=1.0, total_steps=20, warmup_steps=4,
-        optimizer=optax.sgd, weight_decay=None)
+        lr,
+        initial_norm=2.0,
+        final_norm=1.0,
+        total_steps=20,
+        warmup_steps=4,
+        optimizer=optax.sgd,
+        weight_decay=None,
+    )
     lr_at = schedules.constant_with_warmup(lr, 4)
   norm_at = schedules.cosine_with_warmup(2.0, 1.0, 4, 20)
   for t, (updates, _) in enumerate(hyperparams_and_updates(tx, sgd_grads(20))):
@@ -108,8 +132,12 @@ def test_recipes_reject_scheduled_base_values():
 def test_scheduled_accumulation_follows_microbatches_not_steps():
   lr_at = lambda t: 0.1 * (t + 1.0)  # noqa: E731
   tx = optax_gqc.scheduled_accumulation(
-      optax.sgd, optax_gqc.gates.batch_size_at_least(2, 1), {'learning_rate': lr_at},
-      max_draws=4, microbatch_size=1)
+      optax.sgd,
+      optax_gqc.gates.batch_size_at_least(2, 1),
+      {'learning_rate': lr_at},
+      max_draws=4,
+      microbatch_size=1,
+  )
   grads = sgd_grads(6)
   out = hyperparams_and_updates(tx, grads)
   for t, (updates, _) in enumerate(out):

@@ -13,8 +13,10 @@ def fixture_grads():
   rng = np.random.default_rng(0)
   b = 12
   signal = {'a': rng.standard_normal((3, 4)), 'b': rng.standard_normal(5)}
-  return {k: jnp.asarray(v + 0.8 * rng.standard_normal((b, *v.shape)), jnp.float32)
-          for k, v in signal.items()}
+  return {
+      k: jnp.asarray(v + 0.8 * rng.standard_normal((b, *v.shape)), jnp.float32)
+      for k, v in signal.items()
+  }
 
 
 def as_matrix(grads):
@@ -68,9 +70,14 @@ def test_per_example_gradients_from_vmap_grad():
   assert float(small.statistic) > float(large.statistic)  # variance of the mean falls with b
 
 
-@pytest.mark.parametrize('kwargs, match', [
-    ({}, 'either eta'), ({'eta': 0.5, 'theta': 0.1}, 'either eta'), ({'theta': 0.1}, 'both'),
-])
+@pytest.mark.parametrize(
+    'kwargs, match',
+    [
+        ({}, 'either eta'),
+        ({'eta': 0.5, 'theta': 0.1}, 'either eta'),
+        ({'theta': 0.1}, 'both'),
+    ],
+)
 def test_bad_proposal_arguments(grads, kwargs, match):
   with pytest.raises(ValueError, match=match):
     sampling.propose_batch_size(grads, **kwargs)

@@ -12,8 +12,10 @@ import optax_gqc
 
 def grads(num, dtype=jnp.float32):
   keys = jax.random.split(jax.random.key(3), num)
-  return [{'a': jax.random.normal(k, (4, 3)).astype(dtype), 'b': jnp.arange(3.0).astype(dtype)}
-          for k in keys]
+  return [
+      {'a': jax.random.normal(k, (4, 3)).astype(dtype), 'b': jnp.arange(3.0).astype(dtype)}
+      for k in keys
+  ]
 
 
 def test_scale_to_norm_hits_a_scheduled_target():

@@ -35,22 +35,29 @@ def poly(w, a, power, t):
 
 CASES = {
     'constant_with_warmup': (
-        schedules.constant_with_warmup(2.0, L), lambda t: warm(2.0, t) if t < L else 2.0),
+        schedules.constant_with_warmup(2.0, L),
+        lambda t: warm(2.0, t) if t < L else 2.0,
+    ),
     'constant_with_inverse_warmup': (
         schedules.constant_with_inverse_warmup(2.0, L, 5.0),
-        lambda t: inverse_warm(2.0, 5.0, t) if t < L else 2.0),
+        lambda t: inverse_warm(2.0, 5.0, t) if t < L else 2.0,
+    ),
     'cosine_with_warmup': (
         schedules.cosine_with_warmup(1.0, 0.1, L, M),
-        lambda t: warm(1.0, t) if t < L else cosine(1.0, 0.1, t)),
+        lambda t: warm(1.0, t) if t < L else cosine(1.0, 0.1, t),
+    ),
     'cosine_with_inverse_warmup': (
         schedules.cosine_with_inverse_warmup(0.95, 0.25, L, M, 10.0),
-        lambda t: inverse_warm(0.95, 10.0, t) if t < L else cosine(0.95, 0.25, t)),
+        lambda t: inverse_warm(0.95, 10.0, t) if t < L else cosine(0.95, 0.25, t),
+    ),
     'polynomial_with_warmup': (
         schedules.polynomial_with_warmup(64.0, 512.0, L, M, 2.0),
-        lambda t: warm(64.0, t) if t < L else poly(64.0, 512.0, 2.0, t)),
+        lambda t: warm(64.0, t) if t < L else poly(64.0, 512.0, 2.0, t),
+    ),
     'polynomial_with_inverse_warmup': (
         schedules.polynomial_with_inverse_warmup(1.0, 0.0, L, M, 0.5, 3.0),
-        lambda t: inverse_warm(1.0, 3.0, t) if t < L else poly(1.0, 0.0, 0.5, t)),
+        lambda t: inverse_warm(1.0, 3.0, t) if t < L else poly(1.0, 0.0, 0.5, t),
+    ),
 }
 
 

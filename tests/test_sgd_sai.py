@@ -1,6 +1,5 @@
 """Tests of SGD-SaI: golden trajectories, the PyTorch reference, and its fixed bugs."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -149,8 +148,7 @@ def test_three_steps_match_the_formula(momentum, weight_decay, schedule):
 # The PyTorch reference, same process, same gradients.
 
 
-@pytest.mark.parametrize('momentum, weight_decay, schedule', [(0.9, 1e-2, False),
-                                                              (0.5, 0.1, True)])
+@pytest.mark.parametrize('momentum, weight_decay, schedule', [(0.9, 1e-2, False), (0.5, 0.1, True)])
 def test_matches_reference_over_200_steps(momentum, weight_decay, schedule):
   shapes = {'a': (7,), 'b': (16, 8), 'c': (4, 3, 5), 'd': (2,), 'e': (64, 32)}
   rng = np.random.default_rng(1)
@@ -158,8 +156,9 @@ def test_matches_reference_over_200_steps(momentum, weight_decay, schedule):
   grads = [random_tree(rng, shapes, scale=0.1, shift=0.05) for _ in range(200)]
   lr_fn = (lambda t: 1e-2 * (1 - t / 400)) if schedule else None
   lr = (lambda count: 1e-2 * (1 - count / 400)) if schedule else 1e-2
-  want, opt, tensors = run_reference(params, grads, lr_fn, lr=1e-2, momentum=momentum,
-                                     weight_decay=weight_decay)
+  want, opt, tensors = run_reference(
+      params, grads, lr_fn, lr=1e-2, momentum=momentum, weight_decay=weight_decay
+  )
   ours, state = run_scan(sgd_sai(lr, momentum, weight_decay), params, grads)
   # The reference multiplies by float32(1 - lr * wd) each step, a ~3e-8
   # relative rounding that builds up to a few 1e-6 over 200 steps.
@@ -220,8 +219,9 @@ def test_gsnr_survives_save_and_restore_unlike_the_reference():
   ours_gsnr = optax.tree.get(s, 'gsnr')
   for k in SHAPES:
     np.testing.assert_allclose(ref_gsnr(opt, tensors)[k], ours_gsnr[k], rtol=1e-6)
-    np.testing.assert_allclose(ref_gsnr(resumed, resumed_tensors)[k], np_gsnr(after[0][k]),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        ref_gsnr(resumed, resumed_tensors)[k], np_gsnr(after[0][k]), rtol=1e-5
+    )
     assert ref_gsnr(resumed, resumed_tensors)[k] > 2 * float(ours_gsnr[k])
     got = tensors[k].detach().numpy()
     np.testing.assert_allclose(p[k], got, rtol=1e-5, atol=1e-6)
@@ -249,8 +249,10 @@ def test_constant_first_gradient_gets_gsnr_one():
   cases = {'a': (0.1, (1000,)), 'b': (0.25, (4, 3)), 'c': (-3.0, (2,))}
   params = {k: np.ones(shape, np.float32) for k, (_, shape) in cases.items()}
   rng = np.random.default_rng(4)
-  grads = [{k: np.full(shape, v, np.float32) for k, (v, shape) in cases.items()},
-           random_tree(rng, {k: shape for k, (_, shape) in cases.items()})]
+  grads = [
+      {k: np.full(shape, v, np.float32) for k, (v, shape) in cases.items()},
+      random_tree(rng, {k: shape for k, (_, shape) in cases.items()}),
+  ]
   want, opt, tensors = run_reference(params, grads[:1], lr=1e-2, weight_decay=0.0)
   for k in cases:
     # The reference's float32 std is 0 or rounding noise: ||g|| / eps or more.
@@ -362,20 +364,28 @@ def test_scale_by_gsnr_bf16_is_computed_in_float32():
 def test_bf16_params(mu_dtype):
   rng = np.random.default_rng(9)
   params = {k: jnp.asarray(v, jnp.bfloat16) for k, v in random_tree(rng, SHAPES).items()}
-  grads = [{k: jnp.asarray(v, jnp.bfloat16) for k, v in random_tree(rng, SHAPES).items()}
-           for _ in range(3)]
+  grads = [
+      {k: jnp.asarray(v, jnp.bfloat16) for k, v in random_tree(rng, SHAPES).items()}
+      for _ in range(3)
+  ]
   ours, state = run(sgd_sai(1e-2, mu_dtype=mu_dtype), params, grads)
   mu = optax.tree.get(state, 'mu')
-  want = golden(as_np(jax.tree.map(lambda x: x.astype(jnp.float32), params)),
-                [as_np(jax.tree.map(lambda x: x.astype(jnp.float32), g)) for g in grads],
-                lambda t: 1e-2, 0.9, 1e-2)
+  want = golden(
+      as_np(jax.tree.map(lambda x: x.astype(jnp.float32), params)),
+      [as_np(jax.tree.map(lambda x: x.astype(jnp.float32), g)) for g in grads],
+      lambda t: 1e-2,
+      0.9,
+      1e-2,
+  )
   for k in SHAPES:
     assert ours[-1][k].dtype == jnp.bfloat16
     assert mu[k].dtype == (jnp.bfloat16 if mu_dtype is None else jnp.float32)
-    np.testing.assert_allclose(optax.tree.get(state, 'gsnr')[k],
-                               np_gsnr(np.asarray(grads[0][k], np.float32)), rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(ours[-1][k], np.float32), want[-1][k],
-                               rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(
+        optax.tree.get(state, 'gsnr')[k], np_gsnr(np.asarray(grads[0][k], np.float32)), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        np.asarray(ours[-1][k], np.float32), want[-1][k], rtol=2e-2, atol=2e-2
+    )
 
 
 def test_mask_excludes_biases_from_weight_decay():
@@ -390,7 +400,7 @@ def test_mask_excludes_biases_from_weight_decay():
   zeros = [jax.tree.map(np.zeros_like, params)] * 3
   ours, _ = run(tx, params, zeros, step)
   for k in shapes:
-    factor = 0.99 ** 3 if k.startswith('w') else 1.0
+    factor = 0.99**3 if k.startswith('w') else 1.0
     np.testing.assert_allclose(ours[-1][k], params[k] * factor, rtol=1e-6)
 
   grads = [random_tree(rng, shapes) for _ in range(3)]
@@ -406,7 +416,8 @@ def test_inject_hyperparams():
   params = random_tree(rng, SHAPES)
   grads = [random_tree(rng, SHAPES) for _ in range(4)]
   tx = optax.inject_hyperparams(sgd_sai)(
-      learning_rate=0.1, momentum=0.9, weight_decay=1e-2, eps=1e-8, normalize=False)
+      learning_rate=0.1, momentum=0.9, weight_decay=1e-2, eps=1e-8, normalize=False
+  )
   step = make_step(tx)
   ours, state = run(tx, params, grads[:3], step)
   want = golden(params, grads[:3], lambda t: 0.1, 0.9, 1e-2)
@@ -420,8 +431,9 @@ def test_inject_hyperparams():
     np.testing.assert_array_equal(stopped[k], ours[-1][k])
 
   # A schedule and a traced momentum also go through.
-  tx = optax.inject_hyperparams(sgd_sai)(learning_rate=lambda count: 0.1 / (1.0 + count),
-                                         momentum=0.5, weight_decay=0.1)
+  tx = optax.inject_hyperparams(sgd_sai)(
+      learning_rate=lambda count: 0.1 / (1.0 + count), momentum=0.5, weight_decay=0.1
+  )
   ours, _ = run(tx, params, grads[:3])
   want = golden(params, grads[:3], lambda t: 0.1 / (1.0 + t), 0.5, 0.1)
   for k in SHAPES:
@@ -430,11 +442,19 @@ def test_inject_hyperparams():
 
 @pytest.mark.parametrize(
     'dtype, kwargs',
-    [(jnp.float32, {}),
-     (jnp.bfloat16, {'mu_dtype': jnp.float32}),
-     (jnp.float32, {'normalize': True, 'weight_decay': lambda count: 1e-2,
-                    'mask': {'a': False, 'b': True, 'c': True}}),
-     (jnp.float32, {'learning_rate': lambda count: 0.1 / (1.0 + count), 'momentum': 0.0})],
+    [
+        (jnp.float32, {}),
+        (jnp.bfloat16, {'mu_dtype': jnp.float32}),
+        (
+            jnp.float32,
+            {
+                'normalize': True,
+                'weight_decay': lambda count: 1e-2,
+                'mask': {'a': False, 'b': True, 'c': True},
+            },
+        ),
+        (jnp.float32, {'learning_rate': lambda count: 0.1 / (1.0 + count), 'momentum': 0.0}),
+    ],
 )
 def test_state_structure_and_dtypes_are_stable(dtype, kwargs):
   kwargs = {'learning_rate': 0.1, **kwargs}
@@ -458,13 +478,15 @@ def test_state_structure_and_dtypes_are_stable(dtype, kwargs):
 
 @pytest.mark.parametrize(
     'kwargs, name',
-    [({'learning_rate': -1e-3}, 'learning_rate'),
-     ({'momentum': 1.0}, 'momentum'),
-     ({'momentum': -0.1}, 'momentum'),
-     ({'momentum': float('nan')}, 'momentum'),
-     ({'weight_decay': -1e-2}, 'weight_decay'),
-     ({'eps': 0.0}, 'eps'),
-     ({'eps': -1e-8}, 'eps')],
+    [
+        ({'learning_rate': -1e-3}, 'learning_rate'),
+        ({'momentum': 1.0}, 'momentum'),
+        ({'momentum': -0.1}, 'momentum'),
+        ({'momentum': float('nan')}, 'momentum'),
+        ({'weight_decay': -1e-2}, 'weight_decay'),
+        ({'eps': 0.0}, 'eps'),
+        ({'eps': -1e-8}, 'eps'),
+    ],
 )
 def test_bad_arguments_raise(kwargs, name):
   kwargs = {'learning_rate': 1e-3, **kwargs}
@@ -477,11 +499,17 @@ def test_bad_arguments_raise(kwargs, name):
     optax.inject_hyperparams(sgd_sai)(**kwargs).init({'w': jnp.ones(3)})
 
 
-@pytest.mark.parametrize('kwargs', [
-    {'learning_rate': 0.0, 'momentum': 0.0, 'weight_decay': 0.0},
-    {'learning_rate': optax.cosine_decay_schedule(1e-2, 100), 'momentum': 0.99,
-     'weight_decay': optax.constant_schedule(1e-2)},
-])
+@pytest.mark.parametrize(
+    'kwargs',
+    [
+        {'learning_rate': 0.0, 'momentum': 0.0, 'weight_decay': 0.0},
+        {
+            'learning_rate': optax.cosine_decay_schedule(1e-2, 100),
+            'momentum': 0.99,
+            'weight_decay': optax.constant_schedule(1e-2),
+        },
+    ],
+)
 def test_edge_arguments_give_finite_updates(kwargs):
   tx = sgd_sai(**kwargs)
   params = {'w': jnp.arange(6.0).reshape(2, 3)}

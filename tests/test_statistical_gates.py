@@ -68,8 +68,10 @@ def test_noise_ratio_gate_matches_torch_gqc_rule():
 
 def test_noise_ratio_and_norm_test_never_step_on_one_microbatch():
   grads = scaled_stream([1.0] * 5)
-  for tx in (optax_gqc.gns(optax.sgd(0.1), tolerance=1e9),
-             optax_gqc.norm_test_accumulation(optax.sgd(0.1), eta=1e9)):
+  for tx in (
+      optax_gqc.gns(optax.sgd(0.1), tolerance=1e9),
+      optax_gqc.norm_test_accumulation(optax.sgd(0.1), eta=1e9),
+  ):
     assert decisions(tx, grads)[0] == [False, True, False, True, False]
 
 
@@ -87,8 +89,7 @@ def test_loss_interval_gate_matches_torch_gqc_rule():
     judged = np.asarray([running[-1]] + history, np.float64)
     mean = judged.mean()
     c, p = float(conf(t)), float(error(t))
-    low, high = stats.t.interval(c, len(judged) - 1, loc=mean,
-                                 scale=stats.sem(judged) + 1e-12)
+    low, high = stats.t.interval(c, len(judged) - 1, loc=mean, scale=stats.sem(judged) + 1e-12)
     return not (low < mean * (1 - p) or high > mean * (1 + p))
 
   tx = optax_gqc.mht(optax.sgd(0.1), confidence=conf, percent_error=error, max_draws=32)
@@ -110,8 +111,9 @@ def test_loss_interval_needs_the_loss():
 def test_norm_test_gate_matches_its_formula():
   rng = np.random.default_rng(2)
   signal = np.full(6, 0.3, np.float32)
-  grads = [{'w': jnp.asarray(signal + rng.standard_normal(6).astype(np.float32))}
-           for _ in range(300)]
+  grads = [
+      {'w': jnp.asarray(signal + rng.standard_normal(6).astype(np.float32))} for _ in range(300)
+  ]
 
   def rule(history, t):
     g = np.asarray(history, np.float64)
@@ -122,8 +124,9 @@ def test_norm_test_gate_matches_its_formula():
     trace = np.sum((g - mean) ** 2) / (n - 1)
     return trace / n <= 0.8**2 * np.sum(mean**2)
 
-  ours, _ = decisions(optax_gqc.norm_test_accumulation(optax.sgd(0.1), eta=0.8, max_draws=40),
-                      grads)
+  ours, _ = decisions(
+      optax_gqc.norm_test_accumulation(optax.sgd(0.1), eta=0.8, max_draws=40), grads
+  )
   assert ours == reference(rule, [np.asarray(g['w']) for g in grads], 40)
   assert 5 < sum(ours) < 150
 
@@ -133,7 +136,8 @@ def test_gns_and_mht_recipes_schedule_their_gates():
   tx = optax_gqc.gns_with_cosine_schedule(1e-2, 0.1, 0.01, total_steps=12, warmup_steps=4)
   _, state = decisions(tx, grads)
   assert float(optax_gqc.statistics(state)['tolerance']) == pytest.approx(
-      float(schedules.cosine_with_inverse_warmup(0.1, 0.01, 4, 12, 10.0)(11)))
+      float(schedules.cosine_with_inverse_warmup(0.1, 0.01, 4, 12, 10.0)(11))
+  )
   tx = optax_gqc.gns_default(1e-2, 0.05, total_steps=12, warmup_steps=4)
   _, state = decisions(tx, grads[:2])
   assert float(optax_gqc.statistics(state)['tolerance']) == pytest.approx(0.05 * (20 - 19 / 4))
@@ -146,15 +150,20 @@ def test_gns_and_mht_recipes_schedule_their_gates():
   assert lr == pytest.approx(float(schedules.cosine_with_warmup(1e-2, 0.0, 4, 12)(2)))
 
 
-@pytest.mark.parametrize('make, match', [
-    (lambda: gates.noise_ratio_below(-1.0), 'tolerance'),
-    (lambda: gates.loss_interval(0.9, -0.1), 'percent_error'),
-    (lambda: gates.loss_interval(0.9, 0.1, beta=1.5), 'beta'),
-    (lambda: gates.norm_test(float('nan')), 'eta'),
-    (lambda: optax_gqc.noise_scale(beta=-0.1, axis_name='d'), 'beta'),
-    (lambda: optax_gqc.accumulate(optax.sgd(1.0), gates.norm_below(1.0), noise_beta=1.0),
-     'noise_beta'),
-])
+@pytest.mark.parametrize(
+    'make, match',
+    [
+        (lambda: gates.noise_ratio_below(-1.0), 'tolerance'),
+        (lambda: gates.loss_interval(0.9, -0.1), 'percent_error'),
+        (lambda: gates.loss_interval(0.9, 0.1, beta=1.5), 'beta'),
+        (lambda: gates.norm_test(float('nan')), 'eta'),
+        (lambda: optax_gqc.noise_scale(beta=-0.1, axis_name='d'), 'beta'),
+        (
+            lambda: optax_gqc.accumulate(optax.sgd(1.0), gates.norm_below(1.0), noise_beta=1.0),
+            'noise_beta',
+        ),
+    ],
+)
 def test_bad_arguments(make, match):
   with pytest.raises(ValueError, match=match):
     make()

@@ -21,13 +21,19 @@ def test_replay_agrees_for_the_same_optimizer_and_finds_a_difference():
   stream = _stream(20)
   same = torch_replay.replay(
       lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
-      optax.sgd(0.1, momentum=0.9), params, stream)
+      optax.sgd(0.1, momentum=0.9),
+      params,
+      stream,
+  )
   assert len(same) == 20 and all(r.torch_stepped and r.optax_stepped for r in same)
   assert torch_replay.first_divergence(same) is None
 
   other = torch_replay.replay(
       lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
-      optax.sgd(0.1, momentum=0.8), params, stream)
+      optax.sgd(0.1, momentum=0.8),
+      params,
+      stream,
+  )
   d = torch_replay.first_divergence(other)
   assert d.index == 1 and d.what.startswith("param 'w'")  # step 0 has no momentum yet
   assert 'microbatch 1' in str(d)
@@ -37,8 +43,11 @@ def test_replay_reports_step_decisions_and_statistics():
   params = {'w': jnp.ones(3)}
   # Ours accumulates two microbatches per step; a plain torch optimizer steps every time.
   records = torch_replay.replay(
-      lambda ps: torch.optim.SGD(ps, lr=0.1), optax_gqc.sbc(optax.sgd(0.1), 2, 1),
-      params, _stream(4))
+      lambda ps: torch.optim.SGD(ps, lr=0.1),
+      optax_gqc.sbc(optax.sgd(0.1), 2, 1),
+      params,
+      _stream(4),
+  )
   assert [r.optax_stepped for r in records] == [False, True, False, True]
   assert [r.optax_stats['num_draws'] for r in records] == [1, 0, 1, 0]
   assert records[0].torch_hyperparams['lr'] == 0.1
@@ -59,11 +68,21 @@ def test_replay_passes_losses_to_both_sides():
   )
   losses = [0.9, 0.7, 0.4, 0.8]
   records = torch_replay.replay(
-      lambda ps: torch.optim.SGD(ps, lr=0.1), optax_gqc.accumulate(optax.sgd(0.1), gate),
-      {'w': jnp.ones(3)}, _stream(4), losses, torch_step=torch_step)
+      lambda ps: torch.optim.SGD(ps, lr=0.1),
+      optax_gqc.accumulate(optax.sgd(0.1), gate),
+      {'w': jnp.ones(3)},
+      _stream(4),
+      losses,
+      torch_step=torch_step,
+  )
   assert seen_torch == losses
   assert [r.optax_stats['loss'] for r in records] == pytest.approx(losses)
   assert [r.optax_stepped for r in records] == [False, False, True, False]
   with pytest.raises(ValueError, match='losses ran out'):
-    torch_replay.replay(lambda ps: torch.optim.SGD(ps, lr=0.1), optax.sgd(0.1),
-                 {'w': jnp.ones(3)}, _stream(2), [1.0])
+    torch_replay.replay(
+        lambda ps: torch.optim.SGD(ps, lr=0.1),
+        optax.sgd(0.1),
+        {'w': jnp.ones(3)},
+        _stream(2),
+        [1.0],
+    )

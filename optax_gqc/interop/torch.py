@@ -238,8 +238,7 @@ def set_grads(module: TensorSource, grads: Mapping[str, Any], *, accumulate: boo
     g = to_torch(value).to(device=target.device, dtype=target.dtype)
     if tuple(g.shape) != tuple(target.shape):
       raise ValueError(
-          f'set_grads: {name!r} has shape {tuple(g.shape)}, the parameter '
-          f'{tuple(target.shape)}'
+          f'set_grads: {name!r} has shape {tuple(g.shape)}, the parameter ' f'{tuple(target.shape)}'
       )
     tensors.append(target)
     values.append(g)

@@ -237,18 +237,20 @@ def replay(
     o_stepped = True if steps is None else steps > steps_before
     steps_before = steps if steps is not None else steps_before
 
-    records.append(Record(
-        index=index,
-        loss=loss,
-        torch_stepped=True if result is None else bool(result),
-        optax_stepped=bool(o_stepped),
-        torch_params={k: _numpy(p) for k, p in zip(names, torch_params, strict=True)},
-        optax_params={k: np.asarray(v) for k, v in jax_params.items()},
-        torch_stats=t_stats,
-        optax_stats=o_stats,
-        torch_hyperparams=t_hyper,
-        optax_hyperparams=_optax_hyperparams(state),
-    ))
+    records.append(
+        Record(
+            index=index,
+            loss=loss,
+            torch_stepped=True if result is None else bool(result),
+            optax_stepped=bool(o_stepped),
+            torch_params={k: _numpy(p) for k, p in zip(names, torch_params, strict=True)},
+            optax_params={k: np.asarray(v) for k, v in jax_params.items()},
+            torch_stats=t_stats,
+            optax_stats=o_stats,
+            torch_hyperparams=t_hyper,
+            optax_hyperparams=_optax_hyperparams(state),
+        )
+    )
   return records
 
 
@@ -330,7 +332,9 @@ def first_divergence(
   for r in records:
     if r.torch_stepped != r.optax_stepped:
       return Divergence(
-          r.index, 'step', 'stepped' if r.torch_stepped else 'accumulated',
+          r.index,
+          'step',
+          'stepped' if r.torch_stepped else 'accumulated',
           'stepped' if r.optax_stepped else 'accumulated',
       )
     for kind, names, t_side, o_side in (

@@ -66,8 +66,9 @@ def noisy_stream(n=NUM_MICROBATCHES, seed=0, signal=1.0, noise=3.0):
   scale = signal / np.sqrt(sum(np.sum(v**2) for v in direction.values()))
   return tuple(
       {
-          k: jnp.asarray((direction[k] * scale
-                          + rng.normal(size=s) * noise / np.sqrt(dim)).astype(np.float32))
+          k: jnp.asarray(
+              (direction[k] * scale + rng.normal(size=s) * noise / np.sqrt(dim)).astype(np.float32)
+          )
           for k, s in SHAPES.items()
       }
       for _ in range(n)
@@ -120,5 +121,6 @@ def max_param_error(records):
   """Largest |torch - optax| over a leaf, relative to the leaf's largest entry."""
   return max(
       float(np.max(np.abs(t - r.optax_params[k])) / np.max(np.abs(t)))
-      for r in records for k, t in r.torch_params.items()
+      for r in records
+      for k, t in r.torch_params.items()
   )

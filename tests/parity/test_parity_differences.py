@@ -30,24 +30,26 @@ def test_schedules_hold_their_final_value_past_the_end():
   # Cosine to 0 (torch-gqc's weight decay and conventional lr): past M the
   # reference's quarter cosine goes on into negative values, down to -1 at
   # t = 2M - L; ours stays at 0.
-  theirs = np.array(tsa_values(
-      lambda o: tsa.cosine_annealing_with_warmup(o, 1.0, 0.0, L, M), steps))
+  theirs = np.array(
+      tsa_values(lambda o: tsa.cosine_annealing_with_warmup(o, 1.0, 0.0, L, M), steps)
+  )
   ours = np.asarray(schedules.cosine_with_warmup(1.0, 0.0, L, M)(ts))
   assert theirs[M + 50] < -0.5 and theirs[2 * M - L] == pytest.approx(-1.0)
   assert np.all(ours[M:] == 0.0)
 
   # Polynomial (SBC's logical batch): with power 2 the reference turns back
   # and climbs to the warmup value again at t = 2M - L.
-  theirs = np.array(tsa_values(
-      lambda o: tsa.polynomial_schedule_with_warmup(o, 1.0, 0.1, L, M, 2.0), steps))
+  theirs = np.array(
+      tsa_values(lambda o: tsa.polynomial_schedule_with_warmup(o, 1.0, 0.1, L, M, 2.0), steps)
+  )
   ours = np.asarray(schedules.polynomial_with_warmup(1.0, 0.1, L, M, 2.0)(ts))
   assert theirs[2 * M - L] == pytest.approx(1.0) and theirs[2 * M - L] > theirs[M]
   assert np.all(ours[M:] == np.float32(0.1))
 
   # With a fractional power, a negative base: the reference's value turns complex.
   theirs = tsa_values(lambda o: tsa.polynomial_schedule_with_warmup(o, 1.0, 0.1, L, M, 0.5), steps)
-  assert all(isinstance(v, float) for v in theirs[:M + 1])
-  assert all(isinstance(v, complex) and v.imag > 0 for v in theirs[M + 1:])
+  assert all(isinstance(v, float) for v in theirs[: M + 1])
+  assert all(isinstance(v, complex) and v.imag > 0 for v in theirs[M + 1 :])
   ours = np.asarray(schedules.polynomial_with_warmup(1.0, 0.1, L, M, 0.5)(ts))
   assert np.all(ours[M:] == np.float32(0.1))
 
@@ -68,8 +70,12 @@ def test_nan_microbatch_poisons_torch_gqc_and_is_rejected_here():
       group['gradient_norm_threshold'] = threshold
     return wrapper
 
-  records = replay(torch_side, optax_gqc.gnts(pc.OPTAX_ADAMW, threshold, max_draws=max_draws),
-                   pc.initial_params(), stream)
+  records = replay(
+      torch_side,
+      optax_gqc.gnts(pc.OPTAX_ADAMW, threshold, max_draws=max_draws),
+      pc.initial_params(),
+      stream,
+  )
   before = records[4]
   nan_step = next(i for i, r in enumerate(records[5:], 5) if r.torch_stepped)
 
@@ -105,8 +111,9 @@ def test_bf16_gradients_are_summed_in_float32():
       group['logical_batch_size'] = k
     return wrapper
 
-  records = replay(torch_side, optax_gqc.sbc(optax.sgd(1.0), k, 1),
-                   {'w': jnp.zeros(dim, jnp.bfloat16)}, stream)
+  records = replay(
+      torch_side, optax_gqc.sbc(optax.sgd(1.0), k, 1), {'w': jnp.zeros(dim, jnp.bfloat16)}, stream
+  )
   last = records[-1]
   assert last.torch_stepped and last.optax_stepped
   theirs = -np.asarray(last.torch_params['w'], np.float64)  # params start at 0, lr 1
@@ -130,8 +137,9 @@ def test_statistics_before_the_first_step():
       group['gradient_norm_threshold'] = 1e-3  # too low to open in three microbatches
     return wrapper
 
-  records = replay(torch_side, optax_gqc.gnts(pc.OPTAX_SGD, 1e-3),
-                   pc.initial_params(), pc.noisy_stream()[:3])
+  records = replay(
+      torch_side, optax_gqc.gnts(pc.OPTAX_SGD, 1e-3), pc.initial_params(), pc.noisy_stream()[:3]
+  )
   r = records[-1]
   assert not r.torch_stepped and not r.optax_stepped
   # torch-gqc keeps None, and statistics() leaves such entries out; ours are 0.

@@ -13,16 +13,21 @@ import optax_gqc  # noqa: E402
 from optax_gqc.interop.torch_replay import replay  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(
-    'ignore:Detected call of:UserWarning', 'ignore:var\\(\\):UserWarning')
+    'ignore:Detected call of:UserWarning', 'ignore:var\\(\\):UserWarning'
+)
 
 MAX_DRAWS = 12
 M, L = pc.NUM_MICROBATCHES, 30
-GNS_NAMES = {**{k: k for k in ('num_draws', 'num_batches', 'num_steps', 'last_num_draws',
-                              'last_grad_norm')}, 'noise_tolerance': 'tolerance'}
-MHT_NAMES = {**{k: k for k in ('num_draws', 'num_batches', 'num_steps', 'last_num_draws',
-                              'last_grad_norm')},
-             'running_mean': 'loss_ema', 'confidence_level': 'confidence',
-             'percent_error_threshold': 'percent_error'}
+GNS_NAMES = {
+    **{k: k for k in ('num_draws', 'num_batches', 'num_steps', 'last_num_draws', 'last_grad_norm')},
+    'noise_tolerance': 'tolerance',
+}
+MHT_NAMES = {
+    **{k: k for k in ('num_draws', 'num_batches', 'num_steps', 'last_num_draws', 'last_grad_norm')},
+    'running_mean': 'loss_ema',
+    'confidence_level': 'confidence',
+    'percent_error_threshold': 'percent_error',
+}
 OPT = {'weight_decay': pc.WEIGHT_DECAY, **pc.ADAMW_KWARGS}
 
 
@@ -33,8 +38,10 @@ def _uneven_stream():
   accumulate a varying number of microbatches.
   """
   rng = np.random.default_rng(7)
-  return [{k: v * np.float32(np.exp(0.4 * rng.normal())) for k, v in g.items()}
-          for g in pc.noisy_stream()]
+  return [
+      {k: v * np.float32(np.exp(0.4 * rng.normal())) for k, v in g.items()}
+      for g in pc.noisy_stream()
+  ]
 
 
 def _losses():
@@ -53,10 +60,13 @@ def test_gns_matches_torch_gqc():
   # replay adds the gradients through autograd, so the hook runs.
   tolerance = 0.02
   records = replay(
-      lambda ps: _with_group(gqc.OptimizerWrapperGNS(pc.torch_adamw(ps), MAX_DRAWS),
-                             noise_tolerance=tolerance),
+      lambda ps: _with_group(
+          gqc.OptimizerWrapperGNS(pc.torch_adamw(ps), MAX_DRAWS), noise_tolerance=tolerance
+      ),
       optax_gqc.gns(pc.OPTAX_ADAMW, tolerance, max_draws=MAX_DRAWS),
-      pc.initial_params(), _uneven_stream())
+      pc.initial_params(),
+      _uneven_stream(),
+  )
   pc.assert_parity(records, stat_names=GNS_NAMES)
   pc.assert_reported(records, GNS_NAMES)
   draws = pc.draws_per_step(records)
@@ -66,10 +76,16 @@ def test_gns_matches_torch_gqc():
 def test_mht_matches_torch_gqc():
   confidence, percent_error = 0.9, 0.1
   records = replay(
-      lambda ps: _with_group(mht_ref.OptimizerWrapperMHT(pc.torch_adamw(ps), MAX_DRAWS),
-                             confidence_level=confidence, percent_error_threshold=percent_error),
+      lambda ps: _with_group(
+          mht_ref.OptimizerWrapperMHT(pc.torch_adamw(ps), MAX_DRAWS),
+          confidence_level=confidence,
+          percent_error_threshold=percent_error,
+      ),
       optax_gqc.mht(pc.OPTAX_ADAMW, confidence, percent_error, max_draws=MAX_DRAWS),
-      pc.initial_params(), pc.noisy_stream(), _losses())
+      pc.initial_params(),
+      pc.noisy_stream(),
+      _losses(),
+  )
   pc.assert_parity(records, stat_names=MHT_NAMES)
   pc.assert_reported(records, MHT_NAMES)
   assert len(set(pc.draws_per_step(records))) >= 8
@@ -78,7 +94,8 @@ def test_mht_matches_torch_gqc():
 RECIPES = {
     'gns_with_cosine_schedule': (
         lambda ps: gqc.make_gns_with_cosine_annealing_schedule(
-            pc.torch_adamw(ps), 0.02, 0.01, M, L, 10, MAX_DRAWS),
+            pc.torch_adamw(ps), 0.02, 0.01, M, L, 10, MAX_DRAWS
+        ),
         optax_gqc.gns_with_cosine_schedule(pc.LR, 0.02, 0.01, M, L, 10, MAX_DRAWS, **OPT),
         None,
     ),
@@ -89,7 +106,8 @@ RECIPES = {
     ),
     'mht_with_warmup_schedule': (
         lambda ps: mht_ref.make_mht_with_warmup_schedule(
-            pc.torch_adamw(ps), 0.9, 0.1, M, L, MAX_DRAWS),
+            pc.torch_adamw(ps), 0.9, 0.1, M, L, MAX_DRAWS
+        ),
         optax_gqc.mht_with_warmup_schedule(pc.LR, 0.9, 0.1, M, L, MAX_DRAWS, **OPT),
         _losses(),
     ),

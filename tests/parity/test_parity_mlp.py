@@ -58,7 +58,7 @@ def _microbatches():
   while True:
     order = rng.permutation(len(x))
     for i in range(len(x) // MICROBATCH):
-      batch = order[i * MICROBATCH:(i + 1) * MICROBATCH]
+      batch = order[i * MICROBATCH : (i + 1) * MICROBATCH]
       yield x[batch], y[batch]
 
 
@@ -74,18 +74,26 @@ def test_mlp_on_digits_trains_the_same_with_gnts():
 
   adamw = {'lr': LR, 'betas': (0.9, 0.999), 'eps': 1e-8, 'weight_decay': WEIGHT_DECAY}
   wrapper = gqc.OptimizerWrapperGNTS(
-      torch.optim.AdamW(torch_model.parameters(), **adamw), max_batch_draws=MAX_DRAWS)
+      torch.optim.AdamW(torch_model.parameters(), **adamw), max_batch_draws=MAX_DRAWS
+  )
   for group in wrapper.param_groups:
     group['gradient_norm_threshold'] = THRESHOLD
-  optimizer = nnx.Optimizer(model, optax_gqc.gnts(
-      optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=WEIGHT_DECAY),
-      THRESHOLD, max_draws=MAX_DRAWS), wrt=nnx.Param)
+  optimizer = nnx.Optimizer(
+      model,
+      optax_gqc.gnts(
+          optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=WEIGHT_DECAY),
+          THRESHOLD,
+          max_draws=MAX_DRAWS,
+      ),
+      wrt=nnx.Param,
+  )
 
   losses, draws, n = [], [], 0
   steps_before = 0
   for i, (x, y) in enumerate(_microbatches()):
-    torch_loss = torch.nn.functional.cross_entropy(torch_model(torch.from_numpy(x)),
-                                                   torch.from_numpy(y))
+    torch_loss = torch.nn.functional.cross_entropy(
+        torch_model(torch.from_numpy(x)), torch.from_numpy(y)
+    )
     torch_loss.backward()
     torch_stepped = wrapper.step()
     loss, num_steps = nnx_step(model, optimizer, jnp.asarray(x), jnp.asarray(y))

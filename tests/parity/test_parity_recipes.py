@@ -27,14 +27,17 @@ OPT = {'weight_decay': pc.WEIGHT_DECAY, **pc.ADAMW_KWARGS}
 RECIPES = {
     'gnts': (
         lambda ps: gqc.make_gnts_with_cosine_annealing_schedule(
-            pc.torch_adamw(ps), M, L, *THRESHOLDS, MAX_DRAWS),
+            pc.torch_adamw(ps), M, L, *THRESHOLDS, MAX_DRAWS
+        ),
         optax_gqc.gnts_with_cosine_schedule(pc.LR, M, L, *THRESHOLDS, MAX_DRAWS, **OPT),
     ),
     'gnts_conventional_lr': (
         lambda ps: gqc.make_gnts_with_cosine_annealing_schedule_conventional_lr(
-            pc.torch_adamw(ps), M, L, *THRESHOLDS, MAX_DRAWS),
+            pc.torch_adamw(ps), M, L, *THRESHOLDS, MAX_DRAWS
+        ),
         optax_gqc.gnts_with_cosine_schedule_conventional_lr(
-            pc.LR, M, L, *THRESHOLDS, MAX_DRAWS, **OPT),
+            pc.LR, M, L, *THRESHOLDS, MAX_DRAWS, **OPT
+        ),
     ),
     'gnr': (
         lambda ps: gqc.make_gnr_with_cosine_annealing_schedule(pc.torch_adamw(ps), *NORMS, M, L),
@@ -42,24 +45,32 @@ RECIPES = {
     ),
     'gnr_conventional_lr': (
         lambda ps: gqc.make_gnr_with_cosine_annealing_schedule_conventional_lr(
-            pc.torch_adamw(ps), *NORMS, M, L),
+            pc.torch_adamw(ps), *NORMS, M, L
+        ),
         optax_gqc.gnr_with_cosine_schedule_conventional_lr(pc.LR, *NORMS, M, L, **OPT),
     ),
     'sbc': (
         lambda ps: gqc.make_sbc_with_polynomial_schedule(
-            pc.torch_adamw(ps), *SBC, M, L, 2.0, MAX_DRAWS),
+            pc.torch_adamw(ps), *SBC, M, L, 2.0, MAX_DRAWS
+        ),
         optax_gqc.sbc_with_polynomial_schedule(pc.LR, *SBC, M, L, 2.0, MAX_DRAWS, **OPT),
     ),
     'sbc_conventional_lr': (
         lambda ps: gqc.make_sbc_with_polynomial_schedule_conventional_lr(
-            pc.torch_adamw(ps), *SBC, M, L, 2.0, MAX_DRAWS),
+            pc.torch_adamw(ps), *SBC, M, L, 2.0, MAX_DRAWS
+        ),
         optax_gqc.sbc_with_polynomial_schedule_conventional_lr(
-            pc.LR, *SBC, M, L, 2.0, MAX_DRAWS, **OPT),
+            pc.LR, *SBC, M, L, 2.0, MAX_DRAWS, **OPT
+        ),
     ),
 }
 
-GNR_STAT_NAMES = {'num_batches': 'num_steps', 'num_steps': 'num_steps',
-                  'target_gradient_norm': 'target', 'last_grad_norm': 'target'}
+GNR_STAT_NAMES = {
+    'num_batches': 'num_steps',
+    'num_steps': 'num_steps',
+    'target_gradient_norm': 'target',
+    'last_grad_norm': 'target',
+}
 
 
 def _gnr_stats(state):
@@ -71,16 +82,31 @@ def _gnr_stats(state):
 def test_recipe_matches_torch_gqc_factory(name):
   torch_side, optax_side = RECIPES[name]
   gnr = name.startswith('gnr')
-  records = replay(torch_side, optax_side, pc.initial_params(), pc.noisy_stream(),
-                   optax_stats=_gnr_stats if gnr else None)
+  records = replay(
+      torch_side,
+      optax_side,
+      pc.initial_params(),
+      pc.noisy_stream(),
+      optax_stats=_gnr_stats if gnr else None,
+  )
   # Decisions, params, and per microbatch: lr, weight decay, threshold /
   # logical batch / target norm.
   pc.assert_parity(records, stat_names=GNR_STAT_NAMES if gnr else None)
-  gate = {'gnts': {'gradient_norm_threshold': 'threshold'},
-          'sbc': {'logical_batch_size': 'logical_batch_size'}}
-  pc.assert_reported(records, GNR_STAT_NAMES if gnr else {
-      'num_draws': 'num_draws', 'num_steps': 'num_steps', 'last_grad_norm': 'last_grad_norm',
-      **gate[name.split('_')[0]]})
+  gate = {
+      'gnts': {'gradient_norm_threshold': 'threshold'},
+      'sbc': {'logical_batch_size': 'logical_batch_size'},
+  }
+  pc.assert_reported(
+      records,
+      GNR_STAT_NAMES
+      if gnr
+      else {
+          'num_draws': 'num_draws',
+          'num_steps': 'num_steps',
+          'last_grad_norm': 'last_grad_norm',
+          **gate[name.split('_')[0]],
+      },
+  )
 
   for r in records:  # the hyperparameters were there to compare
     assert {'learning_rate', 'weight_decay'} <= set(r.optax_hyperparams)
@@ -105,11 +131,13 @@ def test_sbc_schedule_landing_on_a_multiple_of_the_microbatch():
   mb, initial, final, total, warmup = 8, 32, 256, 1000, 500
   records = replay(
       lambda ps: gqc.make_sbc_with_polynomial_schedule(
-          torch.optim.SGD(ps, lr=0.01), mb, initial, final, total, warmup, 2.0, 64),
+          torch.optim.SGD(ps, lr=0.01), mb, initial, final, total, warmup, 2.0, 64
+      ),
       optax_gqc.sbc_with_polynomial_schedule(
-          0.01, mb, initial, final, total, warmup, 2.0, 64,
-          optimizer=optax.sgd, weight_decay=None),
-      {'w': pc.initial_params()['b']}, [{'w': g['b']} for g in pc.noisy_stream(380)],
+          0.01, mb, initial, final, total, warmup, 2.0, 64, optimizer=optax.sgd, weight_decay=None
+      ),
+      {'w': pc.initial_params()['b']},
+      [{'w': g['b']} for g in pc.noisy_stream(380)],
   )
   r = records[375]
   assert r.torch_stats['logical_batch_size'] == 24.0 and r.torch_stats['last_num_draws'] == 3

@@ -21,8 +21,10 @@ def _stream(seed=0):
   rng = np.random.default_rng(seed)
   signal = {k: rng.normal(size=s) for k, s in SHAPES.items()}
   return [
-      {k: jnp.asarray((0.5 * signal[k] + rng.normal(size=s)).astype(np.float32))
-       for k, s in SHAPES.items()}
+      {
+          k: jnp.asarray((0.5 * signal[k] + rng.normal(size=s)).astype(np.float32))
+          for k, s in SHAPES.items()
+      }
       for _ in range(NUM_STEPS)
   ]
 
@@ -33,9 +35,11 @@ def test_sgd_sai_matches_the_reference(lr, momentum, weight_decay):
   params = {k: jnp.asarray(rng.normal(size=s).astype(np.float32)) for k, s in SHAPES.items()}
   records = replay(
       lambda ps: sgd_sai_ref.SGD_sai(
-          ps, lr=lr, momentum=momentum, eps=1e-8, weight_decay=weight_decay),
+          ps, lr=lr, momentum=momentum, eps=1e-8, weight_decay=weight_decay
+      ),
       sgd_sai(lr, momentum=momentum, weight_decay=weight_decay, eps=1e-8),
-      params, _stream(),
+      params,
+      _stream(),
   )
   assert len(records) == NUM_STEPS
   pc.assert_parity(records)  # every parameter after every step, within 1e-5
