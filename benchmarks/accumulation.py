@@ -91,10 +91,10 @@ def gate_candidates(every: int) -> dict[str, tuple[Callable, Callable]]:
           engine(gates.norm_below(0.0))
       ),
       'noise_ratio_below (GNS)': optimizer_step(engine(gates.noise_ratio_below(0.0))),
-      'norm_test (Byrd / AdAdaGrad)': optimizer_step(engine(gates.norm_test(0.0))),
+      'norm_test (Byrd / AdAdaGrad)': optimizer_step(engine(gates.relative_error_below(0.0))),
       'loss_interval (MHT), value=loss': with_loss(engine(gates.loss_interval(0.95, 0.0))),
       'any_of(norm_below, norm_test)': optimizer_step(
-          engine(gates.any_of(gates.norm_below(0.0), gates.norm_test(0.0)))
+          engine(gates.any_of(gates.norm_below(0.0), gates.relative_error_below(0.0)))
       ),
   }
 

@@ -6,7 +6,15 @@ microbatch gradient is good enough, decided on device.
 
 from optax_gqc import gates, sampling, schedules
 from optax_gqc._accumulation import AccumulateState, accumulate, statistics
-from optax_gqc._alias import gnr, gns, gnts, mht, norm_test_accumulation, sbc
+from optax_gqc._alias import (
+    gnr,
+    gns,
+    gnts,
+    mht,
+    noise_ratio_accumulation,
+    norm_test_accumulation,
+    sbc,
+)
 from optax_gqc._noise_scale import NoiseScaleState, noise_scale, noise_scale_estimates
 from optax_gqc._recipes import (
     gnr_with_cosine_schedule,
@@ -47,6 +55,7 @@ __all__ = [
     'gnts_with_cosine_schedule_conventional_lr',
     'mht',
     'mht_with_warmup_schedule',
+    'noise_ratio_accumulation',
     'noise_scale',
     'noise_scale_estimates',
     'norm_test_accumulation',

@@ -32,7 +32,7 @@ class AccumulateState(NamedTuple):
   sum_norms: jax.Array  # float32: sum_i ||g_i|| over the accumulation.
   acc_norm: jax.Array  # float32: ||gbar|| after the latest microbatch.
   # Noise scale: raw EMAs of the two-batch estimates of |G|^2 and tr(Sigma),
-  # and the total weight of those EMAs, 1 - beta^k after k estimates (their
+  # and the total weight of those EMAs, 1 - decay^k after k estimates (their
   # bias correction is a division by it).
   grad_sq_norm_ema: jax.Array  # float32
   trace_cov_ema: jax.Array  # float32
@@ -72,7 +72,7 @@ def accumulate(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
-    noise_beta: float = 0.99,
+    noise_decay: float = 0.99,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Accumulates microbatch gradients until ``gate`` opens, then steps ``inner``.
 
@@ -112,7 +112,7 @@ def accumulate(
       for bf16 gradients. (None rather than ``jnp.float32`` as the default, because
       ``optax.inject_hyperparams`` would take a dtype, a callable, for a schedule.)
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
-    noise_beta: EMA decay of the noise-scale estimates (see below).
+    noise_decay: EMA decay of the noise-scale estimates (see below).
 
   The engine also estimates the gradient noise scale
   :math:`B_\text{simple} = \operatorname{tr}(\Sigma) / |G|^2` of McCandlish et al.
@@ -164,7 +164,7 @@ def accumulate(
     _checks.check_positive_int('microbatch_size', microbatch_size)
   if accumulator_dtype is None:
     accumulator_dtype = jnp.float32
-  _checks.check_unit_interval('noise_beta', noise_beta)
+  _checks.check_unit_interval('noise_decay', noise_decay)
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -258,7 +258,7 @@ def accumulate(
     fold = step & (n >= 2)
 
     def ema(old, new):
-      return jnp.where(fold, noise_beta * old + (1.0 - noise_beta) * new, old)
+      return jnp.where(fold, noise_decay * old + (1.0 - noise_decay) * new, old)
 
     zero_f = jnp.zeros([], jnp.float32)
     new_state = AccumulateState(

@@ -105,7 +105,7 @@ def sbc(
   )
 
 
-def gns(
+def noise_ratio_accumulation(
     inner: optax.GradientTransformation,
     tolerance: optax.ScalarOrSchedule,
     *,
@@ -117,14 +117,16 @@ def gns(
   """Accumulates until the microbatch norms vary little (torch-gqc's GNS wrapper).
 
   ``accumulate(inner, gates.noise_ratio_below(tolerance))``: see
-  :func:`optax_gqc.gates.noise_ratio_below`, a heuristic on scalar norms
-  (despite the name, not McCandlish's noise scale; for that, read
-  ``statistics(state)['noise_scale']`` of any accumulation). The port of
-  torch-gqc's ``OptimizerWrapperGNS``. Other arguments as in :func:`gnts`.
+  :func:`optax_gqc.gates.noise_ratio_below`, a heuristic on the spread of the
+  microbatch norms. The port of torch-gqc's ``OptimizerWrapperGNS``, also
+  available as :func:`optax_gqc.gns`, torch-gqc's name. Despite that name it
+  is not McCandlish's gradient noise scale; for that, read
+  ``statistics(state)['noise_scale']`` of any accumulation. Other arguments
+  as in :func:`gnts`.
 
   Example:
     >>> import optax, optax_gqc
-    >>> tx = optax_gqc.gns(optax.adamw(1e-3), tolerance=0.05)
+    >>> tx = optax_gqc.noise_ratio_accumulation(optax.adamw(1e-3), tolerance=0.05)
   """
   return accumulate(
       inner,
@@ -136,12 +138,16 @@ def gns(
   )
 
 
+# torch-gqc's name, where its users will look for it.
+gns = noise_ratio_accumulation
+
+
 def mht(
     inner: optax.GradientTransformation,
     confidence: optax.ScalarOrSchedule,
     percent_error: optax.ScalarOrSchedule,
     *,
-    beta: float = 0.01,
+    decay: float = 0.99,
     max_draws: int = 64,
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
@@ -149,7 +155,7 @@ def mht(
 ) -> optax.GradientTransformationExtraArgs:
   """Accumulates until a t-interval on the loss is tight (torch-gqc's MHT wrapper).
 
-  ``accumulate(inner, gates.loss_interval(confidence, percent_error, beta=beta))``:
+  ``accumulate(inner, gates.loss_interval(confidence, percent_error, decay=decay))``:
   call ``update(grads, state, params, value=loss)`` with each microbatch's
   loss; see :func:`optax_gqc.gates.loss_interval`. The port of torch-gqc's
   ``OptimizerWrapperMHT``. Other arguments as in :func:`gnts`.
@@ -163,7 +169,7 @@ def mht(
   """
   return accumulate(
       inner,
-      gates.loss_interval(confidence, percent_error, beta=beta),
+      gates.loss_interval(confidence, percent_error, decay=decay),
       max_draws=max_draws,
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
@@ -182,9 +188,9 @@ def norm_test_accumulation(
 ) -> optax.GradientTransformationExtraArgs:
   """Accumulates until the mean gradient passes the norm test (Byrd et al., AdAdaGrad).
 
-  ``accumulate(inner, gates.norm_test(eta))``: steps when the estimated
+  ``accumulate(inner, gates.relative_error_below(eta))``: steps when the estimated
   variance of the mean gradient is at most ``eta**2`` times its squared norm,
-  with the microbatches as the sample; see :func:`optax_gqc.gates.norm_test`.
+  with the microbatches as the sample; see :func:`optax_gqc.gates.relative_error_below`.
   Other arguments as in :func:`gnts`.
 
   Example:
@@ -193,7 +199,7 @@ def norm_test_accumulation(
   """
   return accumulate(
       inner,
-      gates.norm_test(eta),
+      gates.relative_error_below(eta),
       max_draws=max_draws,
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,

@@ -64,12 +64,12 @@ class NoiseScaleState(NamedTuple):
 
   grad_sq_norm_ema: jax.Array  # float32: raw EMA of the |G|^2 estimates.
   trace_cov_ema: jax.Array  # float32: raw EMA of the tr(Sigma) estimates.
-  noise_weight: jax.Array  # float32: 1 - beta^k after k updates, the EMAs' weight.
+  noise_weight: jax.Array  # float32: 1 - decay^k after k updates, the EMAs' weight.
   noise_scale: jax.Array  # float32: B_simple, the ratio of the EMAs.
 
 
 def noise_scale(
-    beta: float = 0.99, *, axis_name: Any, microbatch_size: int | None = None
+    decay: float = 0.99, *, axis_name: Any, microbatch_size: int | None = None
 ) -> optax.GradientTransformation:
   r"""Estimates the gradient noise scale across data-parallel devices; passes updates through.
 
@@ -79,7 +79,7 @@ def noise_scale(
   and their ``pmean`` the big one (:math:`B_b = D B_s`), both at the same
   parameters; see :func:`optax_gqc.noise_scale_estimates`. The estimates of
   :math:`|G|^2` and :math:`\operatorname{tr}(\Sigma)` are smoothed by EMAs
-  (bias corrected, ``beta``) and divided: ``state.noise_scale`` is
+  (bias corrected, ``decay``) and divided: ``state.noise_scale`` is
   :math:`B_\text{simple}`, in examples when ``microbatch_size`` (each
   device's batch) is given, in device batches otherwise.
 
@@ -89,7 +89,7 @@ def noise_scale(
   microbatches.
 
   Args:
-    beta: EMA decay.
+    decay: EMA decay.
     axis_name: the data-parallel axis name.
     microbatch_size: examples per device batch (optional).
 
@@ -100,7 +100,7 @@ def noise_scale(
     McCandlish et al, `An Empirical Model of Large-Batch Training
     <https://arxiv.org/abs/1812.06162>`_, 2018
   """
-  _checks.check_unit_interval('beta', beta)
+  _checks.check_unit_interval('decay', decay)
   if microbatch_size is not None:
     _checks.check_positive_int('microbatch_size', microbatch_size)
   batch = 1.0 if microbatch_size is None else float(microbatch_size)
@@ -118,7 +118,7 @@ def noise_scale(
     grad_sq, trace = noise_scale_estimates(batch, small_sq, devices * batch, big_sq)
 
     def ema(old, new):
-      return beta * old + (1.0 - beta) * new
+      return decay * old + (1.0 - decay) * new
 
     g_ema, t_ema = ema(state.grad_sq_norm_ema, grad_sq), ema(state.trace_cov_ema, trace)
     return updates, NoiseScaleState(g_ema, t_ema, ema(state.noise_weight, 1.0), t_ema / g_ema)

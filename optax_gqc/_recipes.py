@@ -420,7 +420,7 @@ def mht_with_warmup_schedule(
     warmup_steps: int,
     max_draws: int = 64,
     *,
-    beta: float = 0.01,
+    decay: float = 0.99,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -439,7 +439,7 @@ def mht_with_warmup_schedule(
     total_steps: microbatches in the run.
     warmup_steps: microbatches of warmup.
     max_draws: the most microbatches accumulated before a step is forced.
-    beta: the weight of a new loss in the loss EMA.
+    decay: the loss EMA's decay (torch-gqc's ``update_beta`` is ``1 - decay``).
     optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
     **optimizer_kwargs: further arguments of ``optimizer``.
 
@@ -449,7 +449,7 @@ def mht_with_warmup_schedule(
   gate = gates.loss_interval(
       cosine_with_warmup(confidence, confidence, warmup_steps, total_steps),
       cosine_with_warmup(percent_error, percent_error, warmup_steps, total_steps),
-      beta=beta,
+      decay=decay,
   )
   hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   return scheduled_accumulation(

@@ -94,8 +94,8 @@ def t_quantile(confidence: jax.Array, df: jax.Array) -> jax.Array:
     ``q``, a float32 array of the broadcast shape.
 
   Example:
-    >>> import optax_gqc
-    >>> round(float(optax_gqc.gates.t_quantile(0.95, 10)), 4)
+    >>> from optax_gqc._student_t import t_quantile
+    >>> round(float(t_quantile(0.95, 10)), 4)
     2.2281
   """
 

@@ -205,7 +205,9 @@ def make_arms(args, count: int, fixed_draws: int) -> dict[str, Any]:
   ratio = schedules.cosine_with_inverse_warmup(
       args.initial_ratio, args.final_ratio, warmup, count, args.warmup_multiplier
   )
-  gnts_gate = gates.any_of(gates.norm_below(ratio, relative=True), gates.norm_test(args.eta))
+  gnts_gate = gates.any_of(
+      gates.norm_below(ratio, relative=True), gates.relative_error_below(args.eta)
+  )
   # The GNTS arm's learning rate is a schedule of microbatches (tokens), not of
   # its steps: torch-gqc's constant after warmup, or the control's own curve.
   if args.gnts_lr == 'constant':  # make_gnts_with_cosine_annealing_schedule

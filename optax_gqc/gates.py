@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._student_t import t_quantile, two_sided_tail
+from optax_gqc._student_t import two_sided_tail
 
 __all__ = [
     'DrawStats',
@@ -27,8 +27,7 @@ __all__ = [
     'loss_interval',
     'noise_ratio_below',
     'norm_below',
-    'norm_test',
-    't_quantile',
+    'relative_error_below',
 ]
 
 
@@ -81,7 +80,7 @@ def _scheduled_gate(name: str, hyperparam: optax.ScalarOrSchedule, rule) -> Gate
 
 
 def norm_below(
-    threshold: optax.ScalarOrSchedule, *, relative: bool = False, beta: float = 0.99
+    threshold: optax.ScalarOrSchedule, *, relative: bool = False, decay: float = 0.99
 ) -> Gate:
   r"""Steps when the norm of the mean gradient is at most ``threshold``.
 
@@ -97,20 +96,20 @@ def norm_below(
 
   An absolute threshold is tied to one model and one stage of training:
   gradient norms shrink several-fold as training goes. With ``relative=True``
-  the threshold is a multiple of an EMA (decay ``beta``) of the recent
+  the threshold is a multiple of an EMA (decay ``decay``) of the recent
   single-microbatch norms :math:`\|g_i\|`, a unit that follows training:
   ``threshold=0.5`` asks for the mean to be half as long as a typical
   microbatch gradient. Beware the signal-dominated regime (early training):
   there :math:`\|\bar g\|` cannot fall much below :math:`\|g_i\|` however
   many microbatches are averaged, and a ratio well below 1 waits for
-  ``max_draws``; combine it with :func:`norm_test` through :func:`any_of`,
+  ``max_draws``; combine it with :func:`relative_error_below` through :func:`any_of`,
   which steps promptly when the noise is small.
 
   Args:
     threshold: an absolute L2 norm (or, with ``relative``, a ratio), constant
       or a schedule of ``t``.
     relative: measure the threshold in units of the EMA of microbatch norms.
-    beta: the EMA's decay, with ``relative``.
+    decay: the EMA's decay, with ``relative``.
 
   Returns:
     A :class:`Gate`. Its state reports ``threshold``; with ``relative`` also
@@ -124,7 +123,7 @@ def norm_below(
   _checks.check_scalar_or_schedule('threshold', threshold)
   if not relative:
     return _scheduled_gate('threshold', threshold, lambda s, thr: s.acc_norm <= thr)
-  _checks.check_unit_interval('beta', beta)
+  _checks.check_unit_interval('decay', decay)
 
   def init():
     t0 = jnp.zeros([], jnp.int32)
@@ -137,7 +136,9 @@ def norm_below(
   def update(stats, gate_state, **extra_args):
     del extra_args
     unit = gate_state['grad_norm_ema']
-    unit = jnp.where(jnp.isnan(unit), stats.grad_norm, beta * unit + (1.0 - beta) * stats.grad_norm)
+    unit = jnp.where(
+        jnp.isnan(unit), stats.grad_norm, decay * unit + (1.0 - decay) * stats.grad_norm
+    )
     ratio = _value_at(threshold, stats.num_batches)
     limit = ratio * unit
     return stats.acc_norm <= limit, {
@@ -237,16 +238,17 @@ def loss_interval(
     confidence: optax.ScalarOrSchedule,
     percent_error: optax.ScalarOrSchedule,
     *,
-    beta: float = 0.01,
+    decay: float = 0.99,
 ) -> Gate:
   r"""Steps when a t-interval around the recent losses is tight: torch-gqc's MHT rule.
 
-  Takes the microbatch loss through ``update(grads, state, params, value=loss)``.
-  The judged values are an EMA of all losses (:math:`r \leftarrow l` at the
-  first, then :math:`r (1 - \beta) + l \beta`) and the :math:`n` losses since
-  the last step. With :math:`m` and :math:`s` their mean and standard error
-  (Bessel-corrected, :math:`+10^{-12}`), it steps when the Student-t interval
-  at ``confidence`` with :math:`n` degrees of freedom lies inside
+  Takes the microbatch loss through ``update(..., value=loss)``. The judged
+  values are an EMA of all losses (:math:`r \leftarrow l` at the first, then
+  :math:`r \leftarrow \delta r + (1 - \delta) l` with :math:`\delta` the
+  ``decay``) and the :math:`n` losses since the last step. With :math:`m` and
+  :math:`s` their mean and standard error (Bessel-corrected,
+  :math:`+10^{-12}`), it steps when the Student-t interval at ``confidence``
+  with :math:`n` degrees of freedom lies inside
   :math:`m (1 \pm \text{percent\_error})`:
 
   .. math::
@@ -255,7 +257,7 @@ def loss_interval(
     \iff P(|T_n| > p m / s) \le 1 - \text{confidence}.
 
   The right-hand form, the same test, needs one t tail probability on device
-  instead of the quantile :math:`q` (see :func:`t_quantile`). The losses are
+  instead of the quantile :math:`q`. The losses are
   kept as a running mean and sum of squared deviations (Welford's method),
   combined exactly with the EMA: a few scalars, no list. The port of
   torch-gqc's ``OptimizerWrapperMHT``.
@@ -263,7 +265,7 @@ def loss_interval(
   Args:
     confidence: the interval's confidence in [0, 1), constant or a schedule.
     percent_error: its allowed half-width relative to the mean, >= 0.
-    beta: the EMA's weight of a new loss.
+    decay: the loss EMA's decay; torch-gqc's ``update_beta`` is ``1 - decay``.
 
   Returns:
     A :class:`Gate` whose state reports ``confidence``, ``percent_error`` and
@@ -274,7 +276,7 @@ def loss_interval(
   """
   _checks.check_scalar_or_schedule('confidence', confidence)
   _checks.check_scalar_or_schedule('percent_error', percent_error)
-  _checks.check_unit_interval('beta', beta)
+  _checks.check_unit_interval('decay', decay)
 
   def init():
     zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
@@ -296,7 +298,7 @@ def loss_interval(
     loss = jnp.asarray(value, jnp.float32)
     n = stats.num_draws
     ema = gate_state['loss_ema']
-    ema = jnp.where(jnp.isnan(ema), loss, ema * (1.0 - beta) + loss * beta)
+    ema = jnp.where(jnp.isnan(ema), loss, ema * decay + loss * (1.0 - decay))
     mean_l, m2_l = _welford(gate_state['loss_mean'], gate_state['loss_m2'], loss, n)
     # The n losses together with the EMA: n + 1 values, n degrees of freedom.
     mean = (n * mean_l + ema) / (n + 1)
@@ -317,10 +319,12 @@ def loss_interval(
   return Gate(init, update)
 
 
-def norm_test(eta: optax.ScalarOrSchedule) -> Gate:
-  r"""Steps when the mean gradient passes the norm test, microbatches as the sample.
+def relative_error_below(eta: optax.ScalarOrSchedule) -> Gate:
+  r"""Steps when the mean gradient's estimated relative error is at most ``eta``.
 
-  The test of Byrd et al. (2012) on which AdAdaGrad builds. With :math:`n \ge 2`
+  The norm test of Byrd et al. (2012), on which AdAdaGrad builds, with the
+  microbatches as the sample (:func:`optax_gqc.sampling.norm_test` is the same
+  test on per-example gradients). With :math:`n \ge 2`
   microbatch gradients and their mean :math:`\bar g`,
 
   .. math::

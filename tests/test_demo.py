@@ -74,7 +74,7 @@ def test_demo_rejects_unknown_arms(tmp_path):
 
 def test_relative_threshold_follows_the_microbatch_norms():
   tx = optax_gqc.accumulate(
-      optax.sgd(0.0), gates.norm_below(0.5, relative=True, beta=0.0), max_draws=50
+      optax.sgd(0.0), gates.norm_below(0.5, relative=True, decay=0.0), max_draws=50
   )
   params = {'w': jnp.zeros(40)}
   state = tx.init(params)
@@ -109,4 +109,4 @@ def test_relative_threshold_in_the_signal_dominated_regime_needs_the_valve():
 
   relative = gates.norm_below(0.5, relative=True)
   assert steps(relative) == (1, 6)  # the mean cannot get shorter than the signal: max_draws
-  assert steps(gates.any_of(relative, gates.norm_test(0.8))) == (3, 2)  # steps promptly
+  assert steps(gates.any_of(relative, gates.relative_error_below(0.8))) == (3, 2)  # steps promptly

@@ -155,12 +155,12 @@ def test_gns_and_mht_recipes_schedule_their_gates():
     [
         (lambda: gates.noise_ratio_below(-1.0), 'tolerance'),
         (lambda: gates.loss_interval(0.9, -0.1), 'percent_error'),
-        (lambda: gates.loss_interval(0.9, 0.1, beta=1.5), 'beta'),
-        (lambda: gates.norm_test(float('nan')), 'eta'),
-        (lambda: optax_gqc.noise_scale(beta=-0.1, axis_name='d'), 'beta'),
+        (lambda: gates.loss_interval(0.9, 0.1, decay=1.5), 'decay'),
+        (lambda: gates.relative_error_below(float('nan')), 'eta'),
+        (lambda: optax_gqc.noise_scale(decay=-0.1, axis_name='d'), 'decay'),
         (
-            lambda: optax_gqc.accumulate(optax.sgd(1.0), gates.norm_below(1.0), noise_beta=1.0),
-            'noise_beta',
+            lambda: optax_gqc.accumulate(optax.sgd(1.0), gates.norm_below(1.0), noise_decay=1.0),
+            'noise_decay',
         ),
     ],
 )

@@ -6,7 +6,7 @@ import pytest
 from scipy import stats
 
 from optax_gqc import _student_t
-from optax_gqc.gates import t_quantile
+from optax_gqc._student_t import t_quantile
 
 
 def test_quantile_matches_scipy_for_df_1_to_200_and_confidence_half_to_0999():
