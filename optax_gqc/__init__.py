@@ -5,7 +5,13 @@ microbatch gradient is good enough, decided on device.
 """
 
 from optax_gqc import gates, sampling, schedules
-from optax_gqc._accumulation import AccumulateState, accumulate, statistics
+from optax_gqc._accumulation import (
+    AccumulateState,
+    AccumulationTransformation,
+    accumulate,
+    statistics,
+    update_and_apply,
+)
 from optax_gqc._alias import (
     gnr,
     gns,
@@ -36,6 +42,7 @@ __version__ = '0.1.0'
 
 __all__ = [
     'AccumulateState',
+    'AccumulationTransformation',
     'DrawStats',
     'Gate',
     'NoiseScaleState',
@@ -69,4 +76,5 @@ __all__ = [
     'schedules',
     'sgd_sai',
     'statistics',
+    'update_and_apply',
 ]

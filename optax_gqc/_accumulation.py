@@ -7,6 +7,7 @@ that mean. The whole decision is one ``jax.lax.cond`` on device.
 """
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -15,7 +16,7 @@ import optax
 
 from optax_gqc import _checks
 from optax_gqc._noise_scale import noise_scale_estimates
-from optax_gqc._numerics import sq_norm
+from optax_gqc._numerics import rounded, sq_norm
 from optax_gqc.gates import DrawStats, Gate
 
 
@@ -26,14 +27,16 @@ class AccumulateState(NamedTuple):
   num_batches: jax.Array  # int32: microbatches accepted over the whole run.
   num_steps: jax.Array  # int32: inner optimizer steps taken.
   num_skipped: jax.Array  # int32: microbatches rejected for a non-finite norm.
+  num_forced: jax.Array  # int32: steps forced by max_draws with the gate closed.
   last_num_draws: jax.Array  # int32: microbatches averaged at the last step.
   last_grad_norm: jax.Array  # float32: ||gbar|| at the last step.
   sum_sq_norms: jax.Array  # float32: sum_i ||g_i||^2 over the accumulation.
   sum_norms: jax.Array  # float32: sum_i ||g_i|| over the accumulation.
   acc_norm: jax.Array  # float32: ||gbar|| after the latest microbatch.
-  # Noise scale: raw EMAs of the two-batch estimates of |G|^2 and tr(Sigma),
-  # and the total weight of those EMAs, 1 - decay^k after k estimates (their
-  # bias correction is a division by it).
+  microbatch_size: jax.Array  # int32: examples per microbatch; 0 when not given.
+  # Noise scale, in microbatches: raw EMAs of the two-batch estimates of |G|^2
+  # and tr(Sigma), and the total weight of those EMAs, 1 - decay^k after k
+  # estimates (their bias correction is a division by it).
   grad_sq_norm_ema: jax.Array  # float32
   trace_cov_ema: jax.Array  # float32
   noise_weight: jax.Array  # float32
@@ -42,6 +45,22 @@ class AccumulateState(NamedTuple):
   # Sum of the current accumulation's gradients. Not zeroed on a step: the
   # next microbatch ignores it when num_draws == 0, which saves a pass.
   accumulator: Any
+
+
+class AccumulationTransformation(optax.GradientTransformationExtraArgs):
+  """An Optax transformation that accumulates, with a fused update-and-apply.
+
+  It is an ordinary :class:`optax.GradientTransformationExtraArgs` (``init``,
+  ``update``); :func:`optax_gqc.update_and_apply` also finds on it
+  ``update_and_apply(grads, state, params, **extra_args) -> (params, state)``,
+  whose single ``lax.cond`` returns the new parameters, so that no zero update
+  is written and applied on the microbatches that only accumulate.
+  """
+
+  def __new__(cls, init, update, update_and_apply):
+    tx = super().__new__(cls, init, update)
+    tx.update_and_apply = update_and_apply
+    return tx
 
 
 def _check_like_params(updates: Any, accumulator: Any) -> None:
@@ -64,16 +83,37 @@ def _check_like_params(updates: Any, accumulator: Any) -> None:
       )
 
 
+def _accumulator_dtype(requested: Any, param: jax.Array) -> Any:
+  """float32 or wider by default; complex for complex parameters."""
+  dtype = jnp.promote_types(jnp.float32, param.dtype) if requested is None else requested
+  if jnp.iscomplexobj(param) and not jnp.issubdtype(dtype, jnp.complexfloating):
+    dtype = jnp.promote_types(dtype, jnp.complex64)
+  return dtype
+
+
+def noise_scale_in_draws(grad_sq_norm_ema, trace_cov_ema, noise_weight) -> jax.Array:
+  """B_simple in microbatches from the engine's EMAs: NaN before an estimate.
+
+  A non-positive estimate of :math:`|G|^2` means the noise swamps the signal:
+  the noise scale is then infinite. A negative one of the trace counts as 0.
+  """
+  b = jnp.maximum(trace_cov_ema, 0.0) / jnp.where(grad_sq_norm_ema > 0, grad_sq_norm_ema, 1.0)
+  b = jnp.where(grad_sq_norm_ema > 0, b, jnp.inf)
+  return jnp.where(noise_weight > 0, b, jnp.nan)
+
+
 def accumulate(
     inner: optax.GradientTransformation,
     gate: Gate,
     *,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
     noise_decay: float = 0.99,
-) -> optax.GradientTransformationExtraArgs:
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
+    axis_name: Any = None,
+) -> AccumulationTransformation:
   r"""Accumulates microbatch gradients until ``gate`` opens, then steps ``inner``.
 
   Call ``update`` once per microbatch gradient :math:`g_i`. With :math:`n` the
@@ -88,31 +128,48 @@ def accumulate(
   dtype) and its updates are returned; otherwise the updates are zeros and the
   inner state is left untouched. The choice is a single ``jax.lax.cond``, so
   the inner optimizer runs only on the microbatches that step, and nothing is
-  read back to the host.
+  read back to the host. :func:`optax_gqc.update_and_apply` runs the same step
+  with the parameters inside the cond, and writes no zero update.
 
-  The gate sees a :class:`DrawStats` of running scalars (:math:`n`, the
-  microbatch count :math:`t`, :math:`\|g_i\|`, :math:`\|\bar g\|`,
-  :math:`\sum_i \|g_i\|^2`, :math:`\sum_i \|g_i\|`), so memory stays at one
-  accumulator whatever the gate. Hyperparameter schedules are functions of
-  :math:`t`, the number of microbatches accepted before the current one.
+  The gate sees a :class:`~optax_gqc.gates.DrawStats` of running scalars
+  (:math:`n`, the microbatch count :math:`t`, :math:`\|g_i\|`,
+  :math:`\|\bar g\|`, :math:`\sum_i \|g_i\|^2`, :math:`\sum_i \|g_i\|`, and the
+  noise scale estimated at earlier steps), so memory stays at one accumulator
+  whatever the gate. Hyperparameter schedules are functions of :math:`t`, the
+  number of microbatches accepted before the current one.
 
   A microbatch whose squared norm is not finite (it holds a NaN or an Inf, or
   its float32 squared norm overflows) is rejected when ``skip_nonfinite``: the
   accumulator, the counters and the gate state stay as they were, and
-  ``num_skipped`` counts it.
+  ``num_skipped`` counts it. A step that ``max_draws`` forces while the gate is
+  still closed counts in ``num_forced``: if it grows, the gate is starved
+  (see :func:`statistics`).
 
   Args:
     inner: the optimizer that steps on the mean gradient.
     gate: the decision rule, e.g. :func:`optax_gqc.gates.norm_below`.
-    max_draws: the most microbatches accumulated before a step is forced. It
-      may be traced, so ``optax.inject_hyperparams`` can change it mid-run.
+    max_draws: the most microbatches accumulated before a step is forced;
+      None for no limit. It may be traced, so ``optax.inject_hyperparams`` can
+      change it mid-run.
     microbatch_size: examples per microbatch; used to report the noise scale
       in examples. Optional.
-    accumulator_dtype: dtype of the accumulator; None means float32, also
-      for bf16 gradients. (None rather than ``jnp.float32`` as the default, because
-      ``optax.inject_hyperparams`` would take a dtype, a callable, for a schedule.)
+    accumulator_dtype: dtype of the accumulator. None (the default) means
+      float32, or the gradients' own dtype where it is wider (float64) or
+      complex; bf16 gradients are accumulated in float32. (None rather than
+      ``jnp.float32``, because ``optax.inject_hyperparams`` would take a dtype,
+      a callable, for a schedule.)
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
     noise_decay: EMA decay of the noise-scale estimates (see below).
+    scale_by_draws: optional function of :math:`n` (an int32 scalar) by which
+      the inner updates are multiplied at a step that averaged :math:`n`
+      microbatches: the step then follows the batch. ``jnp.sqrt`` is the usual
+      rule for Adam-like optimizers, ``lambda n: n`` for SGD.
+    axis_name: inside ``jax.shard_map``, the mapped axis (or tuple of axes)
+      over which the *parameters* are sharded, as in FSDP: every squared norm
+      the gate and the noise scale read is summed across it, so every device
+      takes the same decision. Leave it None when each device holds whole
+      gradients (plain data parallelism after a ``pmean``, or ``jax.jit`` with
+      sharded arrays, where the norms are global already).
 
   The engine also estimates the gradient noise scale
   :math:`B_\text{simple} = \operatorname{tr}(\Sigma) / |G|^2` of McCandlish et al.
@@ -128,16 +185,17 @@ def accumulate(
   form the small-batch estimate, not only the last.
 
   The estimate is unbiased when the decision to step does not depend on the
-  gradients (:func:`optax_gqc.gates.batch_size_at_least`, ``max_draws``). A
-  gate that reads them chooses where to stop: GNTS stops when the mean happens
-  to be short, which biases the estimate up, and the norm test biases it down
-  (by +60% and -30% on a linear-regression test). For a noise scale to trust,
-  read it from an SBC accumulation, or from :func:`optax_gqc.noise_scale`
-  across devices.
+  current microbatches (:func:`optax_gqc.gates.batch_size_at_least`,
+  :func:`optax_gqc.gates.critical_batch`, ``max_draws``). A gate that reads
+  them chooses where to stop: GNTS stops when the mean happens to be short,
+  which biases the estimate up, and the norm test biases it down. For a noise
+  scale to trust, read it from such an accumulation, or from
+  :func:`optax_gqc.noise_scale` across devices.
 
   Returns:
-    A :class:`optax.GradientTransformationExtraArgs`. Extra keyword arguments
-    of ``update`` (such as ``value=loss``) reach both the gate and ``inner``.
+    An :class:`AccumulationTransformation`, an
+    :class:`optax.GradientTransformationExtraArgs`. Extra keyword arguments of
+    ``update`` (such as ``value=loss``) reach both the gate and ``inner``.
 
   Example:
     >>> import jax.numpy as jnp, optax, optax_gqc
@@ -159,12 +217,14 @@ def accumulate(
           'function of DrawStats with optax_gqc.gates.from_function'
       )
     raise TypeError(f'gate must be an optax_gqc.gates.Gate, got {type(gate).__name__}')
+  if max_draws is None:
+    max_draws = jnp.iinfo(jnp.int32).max
   _checks.check_positive_int('max_draws', max_draws)
   if microbatch_size is not None:
     _checks.check_positive_int('microbatch_size', microbatch_size)
-  if accumulator_dtype is None:
-    accumulator_dtype = jnp.float32
   _checks.check_unit_interval('noise_decay', noise_decay)
+  if scale_by_draws is not None and not callable(scale_by_draws):
+    raise TypeError(f'scale_by_draws must be a function of n, got {scale_by_draws!r}')
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -180,22 +240,27 @@ def accumulate(
         num_batches=zero_i(),
         num_steps=zero_i(),
         num_skipped=zero_i(),
+        num_forced=zero_i(),
         last_num_draws=zero_i(),
         last_grad_norm=zero_f(),
         sum_sq_norms=zero_f(),
         sum_norms=zero_f(),
         acc_norm=zero_f(),
+        microbatch_size=jnp.array(microbatch_size or 0, jnp.int32),
         grad_sq_norm_ema=zero_f(),
         trace_cov_ema=zero_f(),
         noise_weight=zero_f(),
         gate_state=gate.init(),
         inner_state=inner.init(params),
-        accumulator=optax.tree.zeros_like(params, dtype=accumulator_dtype),
+        accumulator=jax.tree.map(
+            lambda p: jnp.zeros(p.shape, _accumulator_dtype(accumulator_dtype, p)), params
+        ),
     )
 
-  def update_fn(updates, state, params=None, **extra_args):
+  def step_fn(updates, state, params, extra_args, apply):
+    """One microbatch; with ``apply``, returns new params in place of updates."""
     _check_like_params(updates, state.accumulator)
-    grad_sq = sq_norm(updates)
+    grad_sq = sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
     fresh = state.num_draws == 0
     n = state.num_draws + 1
@@ -209,7 +274,7 @@ def accumulate(
       return jnp.where(ok, jnp.where(fresh, g, acc + g), acc)
 
     accumulator = jax.tree.map(add, state.accumulator, updates)
-    acc_norm = jnp.sqrt(sq_norm(accumulator)) / n
+    acc_norm = jnp.sqrt(sq_norm(accumulator, axis_name)) / n
     grad_norm = jnp.sqrt(grad_sq)
     keep = jnp.where(fresh, 0.0, 1.0)
     stats = DrawStats(
@@ -219,9 +284,13 @@ def accumulate(
         acc_norm=acc_norm,
         sum_sq_norms=keep * state.sum_sq_norms + grad_sq,
         sum_norms=keep * state.sum_norms + grad_norm,
+        noise_scale=noise_scale_in_draws(
+            state.grad_sq_norm_ema, state.trace_cov_ema, state.noise_weight
+        ),
     )
     gate_step, gate_state = gate.update(stats, state.gate_state, **extra_args)
-    step = ok & (gate_step | (n >= max_draws))
+    forced = ok & ~gate_step & (n >= max_draws)
+    step = ok & (gate_step | forced)
 
     grad_dtypes = jax.tree.map(lambda g: g.dtype, updates)
     out_shape, _ = jax.eval_shape(
@@ -232,28 +301,38 @@ def accumulate(
     )
 
     # The large buffers are operands, not closures: the step branch only reads
-    # the accumulator and updates the inner state in place; the other branch
-    # passes the inner state through unread. So XLA copies nothing.
+    # the accumulator and updates the inner state (and the params) in place;
+    # the other branch passes them through unread. So XLA copies nothing. The
+    # inner state keeps the dtypes of init (bf16 params may give float32
+    # moments), as optax.MultiSteps does, so both branches agree.
     def do_step(accumulator, inner_state, params):
       mean = jax.tree.map(lambda acc, dt: (acc / n).astype(dt), accumulator, grad_dtypes)
-      return _inner_update(inner, extra_args, mean, inner_state, params)
+      new_updates, new_state = _inner_update(inner, extra_args, mean, inner_state, params)
+      new_state = optax.tree.cast_like(new_state, inner_state)
+      if scale_by_draws is not None:
+        scale = scale_by_draws(n)
+        new_updates = jax.tree.map(lambda u: (u * scale).astype(u.dtype), new_updates)
+      if apply:
+        # n < 0 is a zero the compiler cannot see: see _numerics.rounded.
+        new_updates = rounded(new_updates, (n < 0).astype(jnp.int32))
+        return optax.apply_updates(params, new_updates), new_state
+      return new_updates, new_state
 
     def do_accumulate(accumulator, inner_state, params):
-      del accumulator, params
-      return optax.tree.zeros_like(out_shape), inner_state
+      del accumulator
+      return (params if apply else optax.tree.zeros_like(out_shape)), inner_state
 
-    new_updates, inner_state = jax.lax.cond(
+    out, inner_state = jax.lax.cond(
         step, do_step, do_accumulate, accumulator, state.inner_state, params
     )
 
     def pick(on_step, on_accumulate, on_reject):
       return jnp.where(step, on_step, jnp.where(ok, on_accumulate, on_reject))
 
-    # The noise-scale estimates of this step, folded into their EMAs on a step
-    # that averaged n >= 2 microbatches.
-    batch = 1.0 if microbatch_size is None else microbatch_size
+    # The noise-scale estimates of this step, in microbatches, folded into
+    # their EMAs on a step that averaged n >= 2 microbatches.
     grad_sq_est, trace_est = noise_scale_estimates(
-        batch, stats.sum_sq_norms / n, n * batch, jnp.square(acc_norm)
+        1.0, stats.sum_sq_norms / n, n, jnp.square(acc_norm)
     )
     fold = step & (n >= 2)
 
@@ -264,13 +343,15 @@ def accumulate(
     new_state = AccumulateState(
         num_draws=pick(0, n, state.num_draws),
         num_batches=pick(state.num_batches + 1, state.num_batches + 1, state.num_batches),
-        num_steps=pick(state.num_steps + 1, state.num_steps, state.num_steps),
-        num_skipped=state.num_skipped + jnp.where(ok, 0, 1),
+        num_steps=state.num_steps + step,
+        num_skipped=state.num_skipped + ~ok,
+        num_forced=state.num_forced + forced,
         last_num_draws=pick(n, state.last_num_draws, state.last_num_draws),
         last_grad_norm=pick(acc_norm, state.last_grad_norm, state.last_grad_norm),
         sum_sq_norms=pick(zero_f, stats.sum_sq_norms, state.sum_sq_norms),
         sum_norms=pick(zero_f, stats.sum_norms, state.sum_norms),
         acc_norm=pick(acc_norm, acc_norm, state.acc_norm),
+        microbatch_size=state.microbatch_size,
         grad_sq_norm_ema=ema(state.grad_sq_norm_ema, grad_sq_est),
         trace_cov_ema=ema(state.trace_cov_ema, trace_est),
         noise_weight=ema(state.noise_weight, 1.0),
@@ -278,9 +359,68 @@ def accumulate(
         inner_state=inner_state,
         accumulator=accumulator,
     )
-    return new_updates, new_state
+    return out, new_state
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  def update_fn(updates, state, params=None, **extra_args):
+    return step_fn(updates, state, params, extra_args, apply=False)
+
+  def update_and_apply_fn(updates, state, params, **extra_args):
+    return step_fn(updates, state, params, extra_args, apply=True)
+
+  return AccumulationTransformation(init_fn, update_fn, update_and_apply_fn)
+
+
+def update_and_apply(
+    tx: optax.GradientTransformation,
+    grads: Any,
+    opt_state: Any,
+    params: Any,
+    **extra_args: Any,
+) -> tuple[Any, Any]:
+  r"""One optimizer call that returns the new parameters: update and apply, fused.
+
+  For an accumulation (:func:`accumulate`, and every ready-made optimizer and
+  recipe built on it), the engine's ``lax.cond`` returns the new parameters:
+  on a step, the parameters plus the inner update; otherwise the parameters,
+  passed through unread. No zero update is written or applied on the
+  microbatches that only accumulate, which is most of what they cost on the
+  Optax path (``tx.update`` then ``optax.apply_updates``). For any other
+  transformation it is that Optax path. Either way the parameters and the
+  state equal the Optax path's.
+
+  Under ``jax.jit``, donate the parameters and the state
+  (``donate_argnums``) so that both are updated in place.
+
+  Args:
+    tx: an Optax transformation.
+    grads: the gradients of one microbatch, like ``params``.
+    opt_state: ``tx``'s state.
+    params: the parameters.
+    **extra_args: extra keyword arguments of ``update`` (e.g. ``value=loss``).
+
+  Returns:
+    ``(new_params, new_opt_state)``.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, optax, optax_gqc
+    >>> tx = optax_gqc.sbc(optax.sgd(0.5), logical_batch_size=2, microbatch_size=1)
+    >>> params = {'w': jnp.ones(2)}
+    >>> state = tx.init(params)
+    >>> step = jax.jit(optax_gqc.update_and_apply, static_argnums=0, donate_argnums=(2, 3))
+    >>> params, state = step(tx, {'w': jnp.ones(2)}, state, params)
+    >>> params['w']  # accumulating: unchanged
+    Array([1., 1.], dtype=float32)
+    >>> params, state = step(tx, {'w': jnp.full(2, 3.0)}, state, params)
+    >>> params['w']  # stepped on the mean gradient, 2
+    Array([0., 0.], dtype=float32)
+  """
+  fused = getattr(tx, 'update_and_apply', None)
+  if fused is not None:
+    return fused(grads, opt_state, params, **extra_args)
+  updates, opt_state = optax.with_extra_args_support(tx).update(
+      grads, opt_state, params, **extra_args
+  )
+  return optax.apply_updates(params, updates), opt_state
 
 
 def _inner_update(inner, extra_args, updates, inner_state, params):
@@ -317,13 +457,23 @@ def statistics(state: Any) -> dict[str, jax.Array]:
 
   Returns:
     A dict of 0-d arrays: ``num_draws``, ``num_batches``, ``num_steps``,
-    ``num_skipped``, ``last_num_draws``, ``last_grad_norm``, ``acc_norm`` (the
-    norm of the current mean gradient); the noise scale ``noise_scale``
+    ``num_skipped``, ``num_forced``, ``last_num_draws``, ``last_grad_norm``,
+    ``acc_norm`` (the norm of the current mean gradient), ``microbatch_size``
+    (0 when not given); the noise scale ``noise_scale``
     (:math:`B_\text{simple}`) with its parts ``grad_sq_norm_est`` and
     ``trace_cov_est`` (bias-corrected EMAs; NaN until a step has averaged
     two microbatches); and the gate's current hyperparameters (e.g.
     ``threshold``). A gate entry whose name is taken gets a suffix ``_1``,
     ``_2``, ...
+
+  ``num_forced`` counts the steps that ``max_draws`` forced while the gate was
+  closed. A few are normal (a noisy stretch); if it grows with ``num_steps``,
+  the gate is starved: its threshold is out of reach for this model (an
+  absolute threshold below the gradient norms it sees, say), and the run is
+  in effect a fixed accumulation of ``max_draws`` microbatches. Use a relative
+  threshold (the default of :func:`optax_gqc.gnts`), raise the threshold, or
+  combine the gate with :func:`optax_gqc.gates.relative_error_below` through
+  :func:`optax_gqc.gates.any_of`.
 
   Raises:
     ValueError: if ``state`` holds no accumulation state.
@@ -345,14 +495,18 @@ def statistics(state: Any) -> dict[str, jax.Array]:
           'num_batches',
           'num_steps',
           'num_skipped',
+          'num_forced',
           'last_num_draws',
           'last_grad_norm',
           'acc_norm',
+          'microbatch_size',
       )
   }
+  # The EMAs are in microbatches; in examples where the microbatch size is known.
+  examples = jnp.where(s.microbatch_size > 0, s.microbatch_size, 1).astype(jnp.float32)
   weight = jnp.where(s.noise_weight > 0, s.noise_weight, jnp.nan)
   out['grad_sq_norm_est'] = s.grad_sq_norm_ema / weight
-  out['trace_cov_est'] = s.trace_cov_ema / weight
+  out['trace_cov_est'] = s.trace_cov_ema / weight * examples
   out['noise_scale'] = out['trace_cov_est'] / out['grad_sq_norm_est']
   _flat_gate_stats(s.gate_state, out)
   return out

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks, gates
-from optax_gqc._accumulation import accumulate
+from optax_gqc._accumulation import AccumulationTransformation, accumulate
 from optax_gqc._scale_to_norm import scale_to_norm
 from optax_gqc.schedules import (
     constant_with_inverse_warmup,
@@ -60,12 +60,12 @@ def scheduled_accumulation(
     **optimizer_kwargs: the other arguments of ``optimizer``.
 
   Returns:
-    A :class:`optax.GradientTransformationExtraArgs`; the current values are in
-    ``optax.tree.get(state, 'hyperparams')``.
+    An :class:`~optax_gqc.AccumulationTransformation`; the current values are
+    in ``optax.tree.get(state, 'hyperparams')``.
 
   Example:
     >>> import optax, optax_gqc
-    >>> from optax_gqc import gates, schedules
+    >>> from optax_gqc import gates
     >>> tx = optax_gqc.scheduled_accumulation(
     ...     optax.adamw, gates.norm_below(0.5),
     ...     {'learning_rate': optax.cosine_decay_schedule(1e-3, 10_000)}, weight_decay=0.1)
@@ -75,14 +75,19 @@ def scheduled_accumulation(
   )
   tx = accumulate(inner, gate, max_draws=max_draws, microbatch_size=microbatch_size)
 
-  def update_fn(updates, state, params=None, **extra_args):
+  def scheduled(state):
     hyper = dict(state.inner_state.hyperparams)
     for k, schedule in hyperparams.items():
       hyper[k] = jnp.asarray(schedule(state.num_batches), hyper[k].dtype)
-    state = state._replace(inner_state=state.inner_state._replace(hyperparams=hyper))
-    return tx.update(updates, state, params, **extra_args)
+    return state._replace(inner_state=state.inner_state._replace(hyperparams=hyper))
 
-  return optax.GradientTransformationExtraArgs(tx.init, update_fn)
+  def update_fn(updates, state, params=None, **extra_args):
+    return tx.update(updates, scheduled(state), params, **extra_args)
+
+  def update_and_apply_fn(updates, state, params, **extra_args):
+    return tx.update_and_apply(updates, scheduled(state), params, **extra_args)
+
+  return AccumulationTransformation(tx.init, update_fn, update_and_apply_fn)
 
 
 def _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps):

@@ -23,6 +23,7 @@ __all__ = [
     'all_of',
     'any_of',
     'batch_size_at_least',
+    'critical_batch',
     'from_function',
     'loss_interval',
     'noise_ratio_below',
@@ -43,6 +44,9 @@ class DrawStats(NamedTuple):
   acc_norm: jax.Array  # float32: ||gbar||, the norm of the mean gradient.
   sum_sq_norms: jax.Array  # float32: sum_i ||g_i||^2 over the accumulation.
   sum_norms: jax.Array  # float32: sum_i ||g_i|| over the accumulation.
+  # float32: the engine's noise scale B_simple in microbatches, estimated at
+  # the steps before this accumulation (NaN until one has averaged 2 draws).
+  noise_scale: jax.Array
 
 
 class Gate(NamedTuple):
@@ -177,6 +181,116 @@ def batch_size_at_least(logical_batch_size: optax.ScalarOrSchedule, microbatch_s
       logical_batch_size,
       lambda s, size: s.num_draws * microbatch_size >= size,
   )
+
+
+def critical_batch(
+    fraction: optax.ScalarOrSchedule,
+    microbatch_size: int,
+    *,
+    min_batch_size: int | None = None,
+    max_batch_size: int | None = None,
+    bootstrap_draws: int = 2,
+    probe_every: int = 4,
+) -> Gate:
+  r"""Steps once the logical batch reaches ``fraction`` of the noise scale.
+
+  Sets the batch from McCandlish et al.'s gradient noise scale
+  :math:`B_\text{simple}`, the engine's own running estimate
+  (:func:`optax_gqc.accumulate`), taken at the steps *before* the current
+  accumulation:
+
+  .. math::
+
+    n \cdot \text{microbatch\_size} \ge
+    \operatorname{clip}(\text{fraction}(t) \cdot B_\text{simple},\
+    \text{min\_batch\_size}, \text{max\_batch\_size}).
+
+  McCandlish et al. model the optimizer steps to reach a loss as
+  :math:`S_\min (1 + B_\text{noise} / B)` and the examples as
+  :math:`E_\min (1 + B / B_\text{noise})`: a batch of ``fraction`` times the
+  noise scale spends :math:`1 + \text{fraction}` times the fewest examples and
+  :math:`1 + 1 / \text{fraction}` times the fewest steps. As the noise scale
+  grows during training (Merrill et al. 2025 find the critical batch near 0 at
+  initialization, rising fast, then levelling off), so does the batch: a batch
+  warmup that follows the measurement instead of a schedule.
+
+  The decision reads no statistic of the current microbatches, so the
+  stopping time is independent of them and the noise-scale estimate stays
+  unbiased. Until an estimate exists (a step must average two microbatches)
+  it steps every ``bootstrap_draws`` microbatches. A step of one microbatch
+  gives the engine no estimate, so while the target is under two
+  microbatches, every ``probe_every``-th step takes two, which keeps the
+  estimate following training.
+
+  Args:
+    fraction: the logical batch as a multiple of :math:`B_\text{simple}`,
+      constant or a schedule of ``t``.
+    microbatch_size: examples per microbatch.
+    min_batch_size: the smallest logical batch, in examples; defaults to one
+      microbatch.
+    max_batch_size: the largest logical batch, in examples; defaults to no
+      limit (the engine's ``max_draws`` still applies).
+    bootstrap_draws: microbatches per step until the first estimate, >= 2.
+    probe_every: while the target is under two microbatches, one step in
+      this many takes two; 0 never does (the estimate then stops at its last
+      value while the target stays under two microbatches).
+
+  Returns:
+    A :class:`Gate` whose state reports ``fraction`` and
+    ``target_batch_size``, the logical batch it aims for, in examples.
+
+  Example:
+    >>> import optax, optax_gqc
+    >>> tx = optax_gqc.accumulate(
+    ...     optax.adamw(1e-3),
+    ...     optax_gqc.gates.critical_batch(0.5, microbatch_size=32),
+    ...     microbatch_size=32)
+
+  References:
+    McCandlish et al, `An Empirical Model of Large-Batch Training
+    <https://arxiv.org/abs/1812.06162>`_, 2018;
+    Merrill et al, `Critical Batch Size Revisited
+    <https://arxiv.org/abs/2505.23971>`_, 2025
+  """
+  _checks.check_scalar_or_schedule('fraction', fraction, positive=True)
+  _checks.check_positive_int('microbatch_size', microbatch_size)
+  lower = microbatch_size if min_batch_size is None else min_batch_size
+  _checks.check_positive_int('min_batch_size', lower)
+  upper = jnp.inf if max_batch_size is None else max_batch_size
+  if max_batch_size is not None:
+    _checks.check_positive_int('max_batch_size', max_batch_size)
+    if max_batch_size < lower:
+      raise ValueError(f'max_batch_size ({max_batch_size}) must be >= min_batch_size ({lower})')
+  _checks.check_positive_int('bootstrap_draws', bootstrap_draws)
+  if bootstrap_draws < 2:
+    raise ValueError(
+        f'bootstrap_draws must be >= 2: one microbatch gives no noise estimate, got '
+        f'{bootstrap_draws}'
+    )
+  if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 0:
+    raise ValueError(f'probe_every must be an int >= 0, got {probe_every!r}')
+
+  def init():
+    return {
+        'fraction': _value_at(fraction, jnp.zeros([], jnp.int32)),
+        'target_batch_size': jnp.array(bootstrap_draws * microbatch_size, jnp.float32),
+        'steps_since_probe': jnp.zeros([], jnp.int32),
+    }
+
+  def update(stats, gate_state, **extra_args):
+    del extra_args
+    f = _value_at(fraction, stats.num_batches)
+    target = jnp.clip(f * stats.noise_scale * microbatch_size, lower, upper)
+    target = jnp.where(jnp.isnan(stats.noise_scale), bootstrap_draws * microbatch_size, target)
+    since = gate_state['steps_since_probe']
+    if probe_every:
+      probe = (target < 2 * microbatch_size) & (since + 1 >= probe_every)
+      target = jnp.where(probe, 2.0 * microbatch_size, target)
+    step = stats.num_draws * microbatch_size >= target
+    since = jnp.where(step, jnp.where(stats.num_draws >= 2, 0, since + 1), since)
+    return step, {'fraction': f, 'target_batch_size': target, 'steps_since_probe': since}
+
+  return Gate(init, update)
 
 
 def _welford(mean, m2, x, n):

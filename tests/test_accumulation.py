@@ -169,7 +169,7 @@ def test_gate_sees_running_statistics():
   run(tx, grads)
   jax.effects_barrier()
   norms = [float(optax.tree.norm(g)) for g in grads]
-  n, t, grad_norm, acc_norm, sum_sq, sum_n = zip(*seen, strict=True)
+  n, t, grad_norm, acc_norm, sum_sq, sum_n, noise = zip(*seen, strict=True)
   assert [int(x) for x in n] == [1, 2, 3, 1]
   assert [int(x) for x in t] == [0, 1, 2, 3]
   np.testing.assert_allclose(grad_norm, norms, rtol=1e-6)
@@ -178,6 +178,12 @@ def test_gate_sees_running_statistics():
   mean3 = optax.tree.norm(jax.tree.map(lambda *xs: sum(xs) / 3, *grads[:3]))
   np.testing.assert_allclose(acc_norm[2], mean3, rtol=1e-6)
   np.testing.assert_allclose(acc_norm[3], norms[3], rtol=1e-6)  # fresh accumulation
+  # The noise scale, in microbatches, from the step before: none until one averaged 3.
+  assert np.isnan(noise[:3]).all()
+  g_small = sum(x**2 for x in norms[:3]) / 3
+  grad_sq, trace = optax_gqc.noise_scale_estimates(1, g_small, 3, float(mean3) ** 2)
+  # Zero-mean random gradients: the |G|^2 estimate is negative, all noise, so B is infinite.
+  assert float(grad_sq) < 0 and np.isposinf(noise[3])
 
 
 def test_state_structure_and_dtypes_fixed_from_init():
@@ -238,9 +244,11 @@ def test_inside_chain_and_statistics():
       'num_batches',
       'num_steps',
       'num_skipped',
+      'num_forced',
       'last_num_draws',
       'last_grad_norm',
       'acc_norm',
+      'microbatch_size',
       'threshold',
       'noise_scale',
       'grad_sq_norm_est',
@@ -379,3 +387,85 @@ def test_gradients_unlike_params_raise_at_first_trace():
     jax.jit(tx.update)({'w': PARAMS['w']}, state)
   with pytest.raises(ValueError, match=r"\['b'\] has shape \(5,\)"):
     jax.jit(tx.update)({'w': PARAMS['w'], 'b': jnp.ones(5)}, state)
+
+
+FUSED_CASES = {
+    'gnts': lambda: optax_gqc.gnts(optax.adamw(0.05), threshold=1.2, max_draws=4),
+    'sbc': lambda: optax_gqc.sbc(optax.sgd(0.1, momentum=0.9), 3, 1),
+    'noise_ratio': lambda: optax_gqc.noise_ratio_accumulation(optax.adam(0.05), 0.2, max_draws=5),
+    'relative_error': lambda: optax_gqc.norm_test_accumulation(optax.adam(0.05), 1.0, max_draws=5),
+    'critical_batch': lambda: optax_gqc.accumulate(
+        optax.adamw(0.05), gates.critical_batch(0.5, 4), microbatch_size=4, max_draws=6
+    ),
+    'scaled_by_draws': lambda: optax_gqc.accumulate(
+        optax.adam(0.05), gates.norm_below(1.2), max_draws=4, scale_by_draws=jnp.sqrt
+    ),
+    'recipe': lambda: optax_gqc.gnts_with_cosine_schedule(
+        0.05, total_steps=30, warmup_steps=5, max_draws=4
+    ),
+    'sbc_recipe': lambda: optax_gqc.sbc_with_polynomial_schedule(
+        0.05, 1, 2.0, 5.0, total_steps=30, warmup_steps=5
+    ),
+    'not_an_accumulation': lambda: optax.adamw(0.05),
+}
+
+
+@pytest.mark.parametrize('name', sorted(FUSED_CASES))
+def test_update_and_apply_equals_the_optax_path_bitwise(name):
+  tx = FUSED_CASES[name]()
+
+  @jax.jit
+  def optax_path(grads, state, params):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  fused = jax.jit(optax_gqc.update_and_apply, static_argnums=0, donate_argnums=(2, 3))
+  params, state = jax.tree.map(jnp.copy, PARAMS), tx.init(PARAMS)
+  ref_params, ref_state = PARAMS, tx.init(PARAMS)
+  grads = grad_stream(24, seed=3)
+  for g in grads:
+    ref_params, ref_state = optax_path(g, ref_state, ref_params)
+    params, state = fused(tx, g, state, params)
+    chex.assert_trees_all_equal(params, ref_params)
+    chex.assert_trees_all_equal(state, ref_state)
+  if name != 'not_an_accumulation':
+    steps = int(optax_gqc.statistics(state)['num_steps'])
+    assert 0 < steps < len(grads)  # both branches ran
+    assert hasattr(tx, 'update_and_apply')
+
+
+def test_update_and_apply_inside_scan_equals_a_python_loop():
+  tx = FUSED_CASES['gnts']()
+  grads = grad_stream(12, seed=4)
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *grads)
+
+  def body(carry, g):
+    return optax_gqc.update_and_apply(tx, g, carry[1], carry[0]), None
+
+  (params, state), _ = jax.jit(lambda c, gs: jax.lax.scan(body, c, gs))(
+      (PARAMS, tx.init(PARAMS)), stacked
+  )
+  ref_params, ref_state = PARAMS, tx.init(PARAMS)
+  for g in grads:
+    ref_params, ref_state = jax.jit(optax_gqc.update_and_apply, static_argnums=0)(
+        tx, g, ref_state, ref_params
+    )
+  chex.assert_trees_all_equal((params, state), (ref_params, ref_state))
+
+
+def test_update_and_apply_writes_no_param_sized_temporary():
+  params = {'w': jnp.zeros((512, 512))}
+  tx = optax_gqc.gnts(optax.adamw(1e-3), threshold=0.0, max_draws=8)
+  state = tx.init(params)
+
+  def temp_bytes(fn):
+    compiled = jax.jit(fn, donate_argnums=(0, 1)).lower(params, state, params).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+  def optax_path(p, s, g):
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  param_bytes = 512 * 512 * 4
+  assert temp_bytes(optax_path) >= param_bytes  # the zero update
+  assert temp_bytes(lambda p, s, g: optax_gqc.update_and_apply(tx, g, s, p)) < param_bytes
