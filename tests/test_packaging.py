@@ -47,6 +47,7 @@ def test_py_typed_is_shipped():
   assert 'py.typed' in pyproject()['tool']['setuptools']['package-data']['optax_gqc']
 
 
+@pytest.mark.slow
 def test_importing_the_library_imports_neither_flax_nor_torch():
   code = (
       'import sys, optax_gqc, optax_gqc.interop; '
