@@ -88,6 +88,13 @@ def noise_scale(
   :func:`optax_gqc.accumulate` estimates the same quantity from its
   microbatches.
 
+  Optax's ``optax.measure_with_ema`` smooths a measurement of the updates, but
+  does not fit here: its ``init`` applies the measurement to the params, so a
+  measurement that calls ``pmean`` would need ``axis_name`` bound where
+  ``init`` runs, usually outside ``shard_map``; and it smooths one
+  measurement, where :math:`B_\text{simple}` is the ratio of two separately
+  smoothed EMAs (smoothing the per-step ratio is badly biased).
+
   Args:
     decay: EMA decay.
     axis_name: the data-parallel axis name.

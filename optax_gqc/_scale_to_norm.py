@@ -29,6 +29,13 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
   optimizer; :func:`gnr` does that. Unlike ``optax.clip_by_global_norm`` it
   also scales short gradients up.
 
+  Optax's ``optax.normalize_by_update_norm`` is close, but takes a constant
+  scale and divides by :math:`\|g\| + \epsilon`, so a gradient whose norm is
+  near :math:`\epsilon` comes out short of its target. This one takes a
+  schedule, divides by the norm itself (every non-zero gradient comes out at
+  the target norm, and a zero gradient gives an exact zero update), and
+  reports the norm and the target in its state, for logging.
+
   Args:
     target: the global L2 norm of the output, constant or a schedule of the
       update count.

@@ -11,6 +11,8 @@ import pytest
 import optax_gqc
 from optax_gqc import demo, gates
 
+pytestmark = pytest.mark.slow
+
 
 def test_demo_quick_run_writes_a_complete_table(tmp_path, capsys):
   payload = demo.main(['--quick', '--no-progress', '--out', str(tmp_path)])

@@ -6,6 +6,8 @@ import types
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / 'examples'
 NUM_MICROBATCHES = 300
 

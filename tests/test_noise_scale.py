@@ -173,6 +173,7 @@ SHARD_MAP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_standalone_noise_scale_under_shard_map_on_8_devices():
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
   out = subprocess.run(

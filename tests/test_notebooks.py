@@ -12,6 +12,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.slow
+
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / 'notebooks'
 NAMES = ['01_quickstart_gnts', '02_sgd_sai', '03_noise_scale']
 

@@ -131,6 +131,7 @@ def test_norm_test_gate_matches_its_formula():
   assert 5 < sum(ours) < 150
 
 
+@pytest.mark.slow
 def test_gns_and_mht_recipes_schedule_their_gates():
   grads = scaled_stream(np.ones(12))
   tx = optax_gqc.gns_with_cosine_schedule(1e-2, 0.1, 0.01, total_steps=12, warmup_steps=4)

@@ -9,6 +9,7 @@ from optax_gqc import _student_t
 from optax_gqc._student_t import t_quantile
 
 
+@pytest.mark.slow
 def test_quantile_matches_scipy_for_df_1_to_200_and_confidence_half_to_0999():
   # Confidences as float32 values, compared with scipy at exactly those values.
   conf = np.concatenate([np.linspace(0.5, 0.999, 60), [0.9, 0.95, 0.99, 0.999]]).astype(np.float32)
@@ -22,6 +23,7 @@ def test_quantile_of_zero_confidence_is_zero():
   assert float(t_quantile(0.0, 5)) == 0.0
 
 
+@pytest.mark.slow
 def test_two_sided_tail_matches_scipy_down_to_tiny_tails():
   x, df = np.meshgrid(np.linspace(0.0, 60.0, 241).astype(np.float32), np.arange(1, 513, 3))
   ours = np.asarray(jax.jit(_student_t.two_sided_tail)(x, df))
@@ -30,6 +32,7 @@ def test_two_sided_tail_matches_scipy_down_to_tiny_tails():
   np.testing.assert_allclose(ours[keep], ref[keep], rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('df', [600, 2000])
 def test_two_sided_tail_beyond_the_series(df):
   x = np.float32([0.5, 2.0, 3.5])
