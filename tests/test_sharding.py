@@ -1,0 +1,245 @@
+"""Sharded training: every device takes the decision one device would.
+
+The 8-device runs force 8 CPU devices in a subprocess (XLA_FLAGS must be set
+before jax is imported), run every layout once, and print the results as JSON;
+the tests below compare them with the same run on one device.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import optax_gqc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Linear regression near its optimum, where the microbatch gradients are mostly
+# noise: GNTS then averages 3 to 5 microbatches per step, and the norms keep
+# 0.04 away from the threshold, so that a different summation order cannot
+# flip a decision. 'w' is sharded across the devices (FSDP); 'b' is
+# replicated, or sharded too where JAX cannot tell the two apart.
+SHARDED_RUNS = textwrap.dedent("""
+    import json
+    import jax, jax.numpy as jnp, numpy as np, optax, optax_gqc
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    assert jax.device_count() == 8
+    mesh = Mesh(np.array(jax.devices()), ('fsdp',))
+    NUM, BATCH, THRESHOLD = 32, 32, 1.25
+    k = jax.random.split(jax.random.key(0), 5)
+    w_star, b_star = jax.random.normal(k[0], (16, 8)), jax.random.normal(k[1], (8,))
+    params = {'w': w_star + 0.05 * jax.random.normal(k[2], (16, 8)), 'b': b_star + 0.05}
+    xs = jax.random.normal(k[3], (NUM, BATCH, 16))
+    ys = xs @ w_star + b_star + jax.random.normal(k[4], (NUM, BATCH, 8))
+
+    def loss(p, x, y):  # a sum over the examples given, over the global batch size
+        return jnp.sum((x @ p['w'] + p['b'] - y) ** 2) / (2 * BATCH)
+
+    def make(axis_name=None):
+        return optax_gqc.accumulate(
+            optax.adam(3e-2), optax_gqc.gates.norm_below(THRESHOLD), max_draws=8,
+            microbatch_size=BATCH, axis_name=axis_name)
+
+    def train(tx, grad_fn, p, xs, ys):
+        def body(carry, xy):
+            p, s = carry
+            p, s = optax_gqc.update_and_apply(tx, grad_fn(p, *xy), s, p)
+            return (p, s), (s.num_steps, s.acc_norm)
+        (p, s), (steps, norms) = jax.lax.scan(body, (p, tx.init(p)), (xs, ys))
+        return p, optax_gqc.statistics(s), steps, norms
+
+    def as_lists(tree):
+        return jax.tree.map(lambda x: np.asarray(x).tolist(), tree)
+
+    out = {}
+    p, stats, steps, norms = jax.jit(lambda p: train(make(), jax.grad(loss), p, xs, ys))(params)
+    out['one_device'] = as_lists({'params': p, 'stats': stats, 'steps': steps})
+    out['margin'] = float(jnp.min(jnp.abs(norms - THRESHOLD)))
+
+    def fsdp_in_shard_map(check_vma, axis_name):
+        specs = {'w': P('fsdp'), 'b': P() if check_vma else P('fsdp')}
+
+        def local(p, xs, ys):
+            def grad_fn(p, x, y):
+                def gathered_loss(p):
+                    full = {n: v if specs[n] == P() else jax.lax.all_gather(
+                        v, 'fsdp', tiled=True) for n, v in p.items()}
+                    return loss(full, x, y)
+                return jax.grad(gathered_loss)(p)
+            p, stats, steps, _ = train(make(axis_name), grad_fn, p, xs, ys)
+            return p, jax.tree.map(lambda x: x[None], (stats, steps))  # per device
+
+        run = jax.shard_map(
+            local, mesh=mesh, in_specs=(specs, P(None, 'fsdp'), P(None, 'fsdp')),
+            out_specs=(specs, P('fsdp')), check_vma=check_vma)
+        p, (stats, steps) = jax.jit(run)(params, xs, ys)
+        return as_lists({'params': p, 'stats': stats, 'steps': steps})
+
+    out['shard_map'] = {
+        'check_vma': fsdp_in_shard_map(True, 'fsdp'),
+        'no_check_vma': fsdp_in_shard_map(False, 'fsdp'),
+        'no_check_vma_local_norms': fsdp_in_shard_map(False, None),
+    }
+    try:
+        fsdp_in_shard_map(True, None)
+        out['shard_map']['check_vma_local_norms_error'] = None
+    except ValueError as e:
+        out['shard_map']['check_vma_local_norms_error'] = str(e)
+
+    # jax.jit over sharded arrays: XLA inserts the collectives, the norms are global.
+    def jit_spmd(param_specs):
+        p = {n: jax.device_put(v, NamedSharding(mesh, param_specs[n])) for n, v in params.items()}
+        batch = NamedSharding(mesh, P(None, 'fsdp'))
+        tx = make()
+        train_fn = jax.jit(lambda p, xs, ys: train(tx, jax.grad(loss), p, xs, ys))
+        p, stats, steps, _ = train_fn(p, jax.device_put(xs, batch), jax.device_put(ys, batch))
+        state = tx.init(p)
+        step = jax.jit(lambda g, s, p: optax_gqc.update_and_apply(tx, g, s, p))
+        hlo = step.lower(p, state, p).compile().as_text()
+        new_p, state = step(p, state, p)
+        like_params = {
+            'params': new_p['w'].sharding,
+            'accumulator': state.accumulator['w'].sharding,
+            'adam_mu': state.inner_state[0].mu['w'].sharding,
+        }
+        return {
+            **as_lists({'params': p, 'stats': stats, 'steps': steps}),
+            'like_params': {n: s.is_equivalent_to(p['w'].sharding, 2)
+                            for n, s in like_params.items()},
+            'params_sharded': not p['w'].sharding.is_fully_replicated,
+            'all_gathers': hlo.count('all-gather'),
+        }
+
+    out['jit'] = {
+        'data_parallel': jit_spmd({'w': P(), 'b': P()}),
+        'fsdp': jit_spmd({'w': P('fsdp'), 'b': P()}),
+    }
+    print(json.dumps(out))
+""")
+
+
+def run_on_8_cpu_devices(script: str, timeout: float = 300) -> dict:
+  env = dict(
+      os.environ,
+      XLA_FLAGS='--xla_force_host_platform_device_count=8',
+      JAX_PLATFORMS='cpu',
+      PYTHONPATH=ROOT,
+  )
+  out = subprocess.run(
+      [sys.executable, '-c', script],
+      env=env,
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope='module')
+def runs():
+  return run_on_8_cpu_devices(SHARDED_RUNS)
+
+
+def assert_same_run(run, reference):
+  """The same decisions after every microbatch, the same parameters and statistics."""
+  steps = np.asarray(run['steps'])
+  for device_steps in steps.reshape(-1, steps.shape[-1]):
+    np.testing.assert_array_equal(device_steps, reference['steps'])
+  for name, value in reference['params'].items():
+    np.testing.assert_allclose(run['params'][name], value, rtol=1e-5, atol=1e-6)
+  for name, value in reference['stats'].items():
+    np.testing.assert_allclose(
+        np.asarray(run['stats'][name]).reshape(-1)[0], value, rtol=1e-4, err_msg=name
+    )
+
+
+@pytest.mark.slow
+def test_reference_run_steps_on_the_gate_away_from_its_threshold(runs):
+  steps = np.asarray(runs['one_device']['steps'])
+  draws = np.diff(np.flatnonzero(np.diff(steps, prepend=0)), prepend=-1)
+  assert steps[-1] >= 6 and draws.max() < 8  # the gate decides, not max_draws
+  assert runs['margin'] > 0.01
+  assert np.isfinite(runs['one_device']['stats']['noise_scale'])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    'how, layout',
+    [
+        # FSDP in shard_map with axis_name; with check_vma (the default), 'b'
+        # is replicated and counts once in the norm.
+        ('shard_map', 'check_vma'),
+        ('shard_map', 'no_check_vma'),
+        # jax.jit over sharded arrays, no axis_name: XLA makes the norms global.
+        ('jit', 'data_parallel'),
+        ('jit', 'fsdp'),
+    ],
+)
+def test_sharded_run_decides_as_one_device(runs, how, layout):
+  # The decisions, the parameters and the statistics (the noise scale
+  # included) are those of one device.
+  assert_same_run(runs[how][layout], runs['one_device'])
+
+
+@pytest.mark.slow
+def test_fsdp_in_shard_map_without_axis_name_reads_local_norms(runs):
+  # The negative control: each device's gate reads its shard's norm, so the
+  # devices step at other microbatches than one device, and apart.
+  local = np.asarray(runs['shard_map']['no_check_vma_local_norms']['steps'])
+  reference = np.asarray(runs['one_device']['steps'])
+  assert all((device != reference).any() for device in local)
+  assert len({device[-1] for device in local}) > 1
+
+
+@pytest.mark.slow
+def test_fsdp_in_shard_map_without_axis_name_raises_under_check_vma(runs):
+  error = runs['shard_map']['check_vma_local_norms_error']
+  assert error is not None and "axis_name='fsdp'" in error
+
+
+@pytest.mark.slow
+def test_jit_fsdp_keeps_the_state_in_the_params_sharding_with_no_all_gather(runs):
+  fsdp = runs['jit']['fsdp']
+  assert fsdp['params_sharded']
+  assert fsdp['like_params'] == {'params': True, 'accumulator': True, 'adam_mu': True}
+  assert fsdp['all_gathers'] == 0
+
+
+def test_local_norm_under_check_vma_raises_and_names_axis_name():
+  # One device is enough: shard_map types the sharded gradient as varying.
+  mesh = Mesh(np.array(jax.devices()[:1]), ('fsdp',))
+  tx = optax_gqc.gnts(optax.sgd(0.1), 1.0)
+
+  def local(w):
+    state = tx.init({'w': w})
+    return optax_gqc.update_and_apply(tx, {'w': w}, state, {'w': w})[0]['w']
+
+  run = jax.shard_map(local, mesh=mesh, in_specs=P('fsdp'), out_specs=P('fsdp'))
+  with pytest.raises(ValueError, match="pass axis_name='fsdp'"):
+    jax.jit(run)(jnp.ones(4))
+
+
+def test_varying_loss_under_check_vma_raises_and_says_pmean():
+  mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
+  tx = optax_gqc.mht(optax.sgd(0.1), confidence=0.9, percent_error=0.05)
+  params = {'w': jnp.ones(3)}
+
+  def local(x):  # whole gradients, the same on every device; the loss is local
+    state = tx.init(params)
+    return tx.update(params, state, params, value=jnp.sum(x))[1].num_steps
+
+  run = jax.shard_map(local, mesh=mesh, in_specs=P('data'), out_specs=P())
+  with pytest.raises(ValueError, match=r'value=loss.*pmean'):
+    jax.jit(run)(jnp.ones(4))
