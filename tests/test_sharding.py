@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,11 +166,15 @@ def assert_same_run(run, reference):
     )
 
 
+def draws_per_step(steps):
+  """The microbatches averaged at each step, from num_steps after every microbatch."""
+  return np.diff(np.flatnonzero(np.diff(np.asarray(steps), prepend=0)), prepend=-1)
+
+
 @pytest.mark.slow
 def test_reference_run_steps_on_the_gate_away_from_its_threshold(runs):
   steps = np.asarray(runs['one_device']['steps'])
-  draws = np.diff(np.flatnonzero(np.diff(steps, prepend=0)), prepend=-1)
-  assert steps[-1] >= 6 and draws.max() < 8  # the gate decides, not max_draws
+  assert steps[-1] >= 6 and draws_per_step(steps).max() < 8  # the gate decides, not max_draws
   assert runs['margin'] > 0.01
   assert np.isfinite(runs['one_device']['stats']['noise_scale'])
 
@@ -243,3 +248,96 @@ def test_varying_loss_under_check_vma_raises_and_says_pmean():
   run = jax.shard_map(local, mesh=mesh, in_specs=P('data'), out_specs=P())
   with pytest.raises(ValueError, match=r'value=loss.*pmean'):
     jax.jit(run)(jnp.ones(4))
+
+
+# A named vmap over shards of the parameters stands in for FSDP devices: the
+# engine's psum then runs across the shards, in-process and fast.
+NUM_SHARDS, NUM_MICROBATCHES = 4, 40
+SIGNAL = {'w': jnp.full((8, 3), 0.2), 'b': jnp.full((4,), -0.2)}
+
+
+def stream(seed=0):
+  """Microbatch gradients (a signal plus unit noise) and losses, stacked."""
+  keys = jax.random.split(jax.random.key(seed), len(SIGNAL) + 1)
+  grads = {
+      name: s + jax.random.normal(k, (NUM_MICROBATCHES, *s.shape))
+      for k, (name, s) in zip(keys, SIGNAL.items(), strict=False)
+  }
+  return grads, 1.0 + 0.1 * jax.random.normal(keys[-1], (NUM_MICROBATCHES,))
+
+
+def train(tx, params, grads, losses, *, shards=None):
+  """The num_steps after every microbatch, and the final params.
+
+  With ``shards``, every leaf is split into that many shards along its first
+  axis and each shard trains in its own lane of a vmap named 'shards'.
+  """
+
+  def run(params, grads):
+    def body(carry, xs):
+      params, state = carry
+      g, loss = xs
+      params, state = optax_gqc.update_and_apply(tx, g, state, params, value=loss)
+      return (params, state), state.num_steps
+
+    (params, _), steps = jax.lax.scan(body, (params, tx.init(params)), (grads, losses))
+    return params, steps
+
+  if shards is None:
+    return jax.jit(run)(params, grads)
+  split = lambda x, axis: jnp.stack(jnp.split(x, shards, axis))  # noqa: E731
+  params, steps = jax.jit(jax.vmap(run, axis_name='shards'))(
+      jax.tree.map(lambda x: split(x, 0), params), jax.tree.map(lambda x: split(x, 1), grads)
+  )
+  return jax.tree.map(lambda x: jnp.concatenate(list(x)), params), steps
+
+
+READY_MADE = {
+    'gnts': lambda a: optax_gqc.gnts(optax.adam(0.05), 2.6, max_draws=8, axis_name=a),
+    'sbc': lambda a: optax_gqc.sbc(
+        optax.adam(0.05), lambda t: 32 + 32 * (t // 10), microbatch_size=16, axis_name=a
+    ),
+    'noise_ratio_accumulation': lambda a: optax_gqc.noise_ratio_accumulation(
+        optax.adam(0.05), 0.05, max_draws=8, axis_name=a
+    ),
+    'mht': lambda a: optax_gqc.mht(optax.adam(0.05), 0.9, 0.1, max_draws=8, axis_name=a),
+    'norm_test_accumulation': lambda a: optax_gqc.norm_test_accumulation(
+        optax.adam(0.05), 0.9, max_draws=8, axis_name=a
+    ),
+    'critical_batch': lambda a: optax_gqc.accumulate(
+        optax.adam(0.05), optax_gqc.gates.critical_batch(0.5, 16), max_draws=8, axis_name=a
+    ),
+    'scheduled_accumulation': lambda a: optax_gqc.scheduled_accumulation(
+        optax.adamw,
+        optax_gqc.gates.norm_below(2.6),
+        {'learning_rate': optax.linear_schedule(0.05, 0.01, NUM_MICROBATCHES)},
+        max_draws=8,
+        axis_name=a,
+    ),
+    'gnts_with_cosine_schedule': lambda a: optax_gqc.gnts_with_cosine_schedule(
+        0.05, NUM_MICROBATCHES, 4, initial_threshold=2.8, final_threshold=2.4, axis_name=a
+    ),
+}
+
+
+# The ready-made optimizers whose gate reads no gradient norm: a shard decides as the whole.
+READS_NO_NORM = {'sbc', 'mht'}
+
+
+@pytest.mark.parametrize(
+    'name',
+    [n if n == 'gnts' else pytest.param(n, marks=pytest.mark.slow) for n in sorted(READY_MADE)],
+)
+def test_ready_made_with_axis_name_decides_on_the_global_norm(name):
+  params = jax.tree.map(jnp.zeros_like, SIGNAL)
+  grads, losses = stream()
+  ref_params, ref_steps = train(READY_MADE[name](None), params, grads, losses)
+  assert len(set(draws_per_step(ref_steps))) > 1  # the gate decides, not a fixed cadence
+  new_params, steps = train(READY_MADE[name]('shards'), params, grads, losses, shards=NUM_SHARDS)
+  for shard_steps in np.asarray(steps):
+    np.testing.assert_array_equal(shard_steps, ref_steps)
+  chex.assert_trees_all_close(new_params, ref_params, rtol=1e-5, atol=1e-6)
+  # The control: without axis_name each shard's gate reads its own norm.
+  _, local = train(READY_MADE[name](None), params, grads, losses, shards=NUM_SHARDS)
+  differs = [(shard_steps != ref_steps).any() for shard_steps in np.asarray(local)]
+  assert any(differs) == (name not in READS_NO_NORM)
