@@ -5,10 +5,6 @@ before jax is imported), run every layout once, and print the results as JSON;
 the tests below compare them with the same run on one device.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import chex
@@ -21,8 +17,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import optax_gqc
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import processes
 
 # Linear regression near its optimum, where the microbatch gradients are mostly
 # noise: GNTS then averages 3 to 5 microbatches per step, and the norms keep
@@ -129,28 +124,9 @@ SHARDED_RUNS = textwrap.dedent("""
 """)
 
 
-def run_on_8_cpu_devices(script: str, timeout: float = 300) -> dict:
-  env = dict(
-      os.environ,
-      XLA_FLAGS='--xla_force_host_platform_device_count=8',
-      JAX_PLATFORMS='cpu',
-      PYTHONPATH=ROOT,
-  )
-  out = subprocess.run(
-      [sys.executable, '-c', script],
-      env=env,
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope='module')
 def runs():
-  return run_on_8_cpu_devices(SHARDED_RUNS)
+  return processes.run_script(SHARDED_RUNS)
 
 
 def assert_same_run(run, reference):
