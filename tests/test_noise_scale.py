@@ -1,7 +1,5 @@
 """The gradient noise scale: golden numbers, known truth, and the data-parallel form."""
 
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -175,16 +173,8 @@ SHARD_MAP_SCRIPT = textwrap.dedent("""
 
 
 def test_standalone_noise_scale_under_shard_map_on_8_devices():
-  out = subprocess.run(
-      [sys.executable, '-c', SHARD_MAP_SCRIPT],
-      env=processes.cpu_env(8),
-      cwd=processes.ROOT,
-      capture_output=True,
-      text=True,
-      timeout=600,
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert out.stdout.startswith('ok')
+  out = processes.run_code(SHARD_MAP_SCRIPT, num_devices=8, timeout=600)
+  assert out.startswith('ok')
 
 
 def test_standalone_noise_scale_raises_on_gradients_already_summed_by_check_vma():

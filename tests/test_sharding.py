@@ -28,15 +28,12 @@ SHARDED_RUNS = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp, numpy as np, optax, optax_gqc
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from tests.processes import regression
 
     assert jax.device_count() == 8
     mesh = Mesh(np.array(jax.devices()), ('fsdp',))
     NUM, BATCH, THRESHOLD = 32, 32, 1.25
-    k = jax.random.split(jax.random.key(0), 5)
-    w_star, b_star = jax.random.normal(k[0], (16, 8)), jax.random.normal(k[1], (8,))
-    params = {'w': w_star + 0.05 * jax.random.normal(k[2], (16, 8)), 'b': b_star + 0.05}
-    xs = jax.random.normal(k[3], (NUM, BATCH, 16))
-    ys = xs @ w_star + b_star + jax.random.normal(k[4], (NUM, BATCH, 8))
+    params, xs, ys = regression(NUM, BATCH)
 
     def loss(p, x, y):  # a sum over the examples given, over the global batch size
         return jnp.sum((x @ p['w'] + p['b'] - y) ** 2) / (2 * BATCH)
