@@ -97,7 +97,8 @@ def _check_global_decision(grad_sq: jax.Array, step: jax.Array) -> None:
         'devices would step at different microbatches. If the parameters are '
         f'sharded across them (FSDP), pass axis_name={name}; if each device holds '
         'whole gradients of its own data, average them across the data axes first '
-        '(jax.lax.pmean)'
+        '(jax.lax.pmean); if each device trains a model of its own (an ensemble), '
+        'pass check_vma=False to shard_map'
     )
   axes = varying_axes(step)
   if axes:
@@ -199,7 +200,8 @@ def accumulate(
       device holds whole gradients (plain data parallelism after a ``pmean``,
       or ``jax.jit`` with sharded arrays, where the norms are global
       already). With ``check_vma=True``, a decision that would differ between
-      devices raises at trace time, naming the axes.
+      devices raises at trace time, naming the axes (devices that each train
+      a model of their own, an ensemble, need ``check_vma=False``).
 
   The engine also estimates the gradient noise scale
   :math:`B_\text{simple} = \operatorname{tr}(\Sigma) / |G|^2` of McCandlish et al.
