@@ -134,8 +134,9 @@ def assert_same_run(run, reference):
   for name, value in reference['params'].items():
     np.testing.assert_allclose(run['params'][name], value, rtol=1e-5, atol=1e-6)
   for name, value in reference['stats'].items():
+    # Every device's: a scalar under jit, one per device from shard_map.
     np.testing.assert_allclose(
-        np.asarray(run['stats'][name]).reshape(-1)[0], value, rtol=1e-4, err_msg=name
+        np.asarray(run['stats'][name]).reshape(-1), value, rtol=1e-4, err_msg=name
     )
 
 
