@@ -172,6 +172,7 @@ SHARD_MAP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_standalone_noise_scale_under_shard_map_on_8_devices():
   out = processes.run_code(SHARD_MAP_SCRIPT, num_devices=8, timeout=600)
   assert out.startswith('ok')
