@@ -16,7 +16,7 @@ import optax
 
 from optax_gqc import _checks
 from optax_gqc._noise_scale import noise_scale_estimates
-from optax_gqc._numerics import rounded, sq_norm
+from optax_gqc._numerics import rounded, sq_norm, varying_axes
 from optax_gqc.gates import DrawStats, Gate
 
 
@@ -81,6 +81,32 @@ def _check_like_params(updates: Any, accumulator: Any) -> None:
           f'accumulate: gradient {jax.tree_util.keystr(path[0])} has shape '
           f'{g.shape}, but the params given to init had {a.shape}'
       )
+
+
+def _check_global_decision(grad_sq: jax.Array, step: jax.Array) -> None:
+  """Raises at trace time if, inside ``jax.shard_map``, devices could decide apart.
+
+  JAX tracks which values vary across the mapped axes (``check_vma=True``, the
+  default); the decision to step must not.
+  """
+  axes = sorted(varying_axes(grad_sq))
+  if axes:
+    name = repr(axes[0]) if len(axes) == 1 else repr(tuple(axes))
+    raise ValueError(
+        f'accumulate: the gradient norm varies across the mapped axes {axes}, so '
+        'devices would step at different microbatches. If the parameters are '
+        f'sharded across them (FSDP), pass axis_name={name}; if each device holds '
+        'whole gradients of its own data, average them across the data axes first '
+        '(jax.lax.pmean); if each device trains a model of its own (an ensemble), '
+        'pass check_vma=False to shard_map'
+    )
+  axes = varying_axes(step)
+  if axes:
+    raise ValueError(
+        f"accumulate: the gate's decision varies across the mapped axes {sorted(axes)}: "
+        'an extra argument it reads (such as value=loss) differs between devices; '
+        'average it across those axes first (jax.lax.pmean)'
+    )
 
 
 def _accumulator_dtype(requested: Any, param: jax.Array) -> Any:
@@ -167,9 +193,15 @@ def accumulate(
     axis_name: inside ``jax.shard_map``, the mapped axis (or tuple of axes)
       over which the *parameters* are sharded, as in FSDP: every squared norm
       the gate and the noise scale read is summed across it, so every device
-      takes the same decision. Leave it None when each device holds whole
-      gradients (plain data parallelism after a ``pmean``, or ``jax.jit`` with
-      sharded arrays, where the norms are global already).
+      takes the same decision. Under ``shard_map``'s default
+      ``check_vma=True``, a parameter replicated across an axis counts once
+      there; with ``check_vma=False`` JAX does not say which are replicated,
+      so every gradient leaf must then be a shard. Leave it None when each
+      device holds whole gradients (plain data parallelism after a ``pmean``,
+      or ``jax.jit`` with sharded arrays, where the norms are global
+      already). With ``check_vma=True``, a decision that would differ between
+      devices raises at trace time, naming the axes (devices that each train
+      a model of their own, an ensemble, need ``check_vma=False``).
 
   The engine also estimates the gradient noise scale
   :math:`B_\text{simple} = \operatorname{tr}(\Sigma) / |G|^2` of McCandlish et al.
@@ -252,8 +284,9 @@ def accumulate(
         noise_weight=zero_f(),
         gate_state=gate.init(),
         inner_state=inner.init(params),
+        # zeros_like keeps the params' sharding, and their type inside shard_map.
         accumulator=jax.tree.map(
-            lambda p: jnp.zeros(p.shape, _accumulator_dtype(accumulator_dtype, p)), params
+            lambda p: jnp.zeros_like(p, _accumulator_dtype(accumulator_dtype, p)), params
         ),
     )
 
@@ -291,6 +324,7 @@ def accumulate(
     gate_step, gate_state = gate.update(stats, state.gate_state, **extra_args)
     forced = ok & ~gate_step & (n >= max_draws)
     step = ok & (gate_step | forced)
+    _check_global_decision(grad_sq, step)
 
     grad_dtypes = jax.tree.map(lambda g: g.dtype, updates)
     out_shape, _ = jax.eval_shape(

@@ -17,6 +17,7 @@ def gnts(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    axis_name: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Gradient Norm Threshold Scheduling: accumulate until the mean is short.
 
@@ -34,6 +35,9 @@ def gnts(
     microbatch_size: examples per microbatch (optional, for statistics).
     accumulator_dtype: dtype of the accumulator; None means float32.
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
+    axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
+      the parameters are sharded (FSDP), so that the norms, and the decision,
+      are global; see :func:`optax_gqc.accumulate`.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`, called once per
@@ -59,6 +63,7 @@ def gnts(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      axis_name=axis_name,
   )
 
 
@@ -70,6 +75,7 @@ def sbc(
     max_draws: int = 64,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    axis_name: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Scheduled Batch Control: step once ``logical_batch_size`` examples are in.
 
@@ -87,6 +93,7 @@ def sbc(
     max_draws: the most microbatches accumulated before a step is forced.
     accumulator_dtype: dtype of the accumulator; None means float32.
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
+    axis_name: as in :func:`gnts`.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
@@ -102,6 +109,7 @@ def sbc(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      axis_name=axis_name,
   )
 
 
@@ -113,6 +121,7 @@ def noise_ratio_accumulation(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    axis_name: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Accumulates until the microbatch norms vary little (torch-gqc's GNS wrapper).
 
@@ -135,6 +144,7 @@ def noise_ratio_accumulation(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      axis_name=axis_name,
   )
 
 
@@ -152,13 +162,16 @@ def mht(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    axis_name: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Accumulates until a t-interval on the loss is tight (torch-gqc's MHT wrapper).
 
   ``accumulate(inner, gates.loss_interval(confidence, percent_error, decay=decay))``:
   call ``update(grads, state, params, value=loss)`` with each microbatch's
   loss; see :func:`optax_gqc.gates.loss_interval`. The port of torch-gqc's
-  ``OptimizerWrapperMHT``. Other arguments as in :func:`gnts`.
+  ``OptimizerWrapperMHT``. Other arguments as in :func:`gnts`. Inside
+  ``jax.shard_map``, pass the loss averaged across the devices
+  (``jax.lax.pmean``), so that they all decide alike.
 
   Example:
     >>> import jax.numpy as jnp, optax, optax_gqc
@@ -174,6 +187,7 @@ def mht(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      axis_name=axis_name,
   )
 
 
@@ -185,6 +199,7 @@ def norm_test_accumulation(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    axis_name: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Accumulates until the mean gradient passes the norm test (Byrd et al., AdAdaGrad).
 
@@ -204,6 +219,7 @@ def norm_test_accumulation(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      axis_name=axis_name,
   )
 
 

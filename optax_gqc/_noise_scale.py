@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._numerics import sq_norm
+from optax_gqc._numerics import sq_norm, tracks_varying, varying_axes
 
 
 def noise_scale_estimates(
@@ -88,6 +88,23 @@ def noise_scale(
   :func:`optax_gqc.accumulate` estimates the same quantity from its
   microbatches.
 
+  Under ``jax.shard_map``'s default ``check_vma=True``, the gradient of a
+  parameter replicated across ``axis_name`` is already summed over the
+  devices (the transpose of the implicit broadcast is a ``psum``): every
+  device holds the same total, and :math:`B_\text{simple}` would come out
+  near 0. This transformation raises then. To keep each device's own
+  gradient, differentiate with respect to a varying copy of the parameters,
+  and average the gradients for the optimizer after this transformation::
+
+    def local_step(params, opt_state, batch):  # inside shard_map over 'data'
+      local = jax.lax.pcast(params, 'data', to='varying')
+      grads = jax.grad(loss_fn)(local, batch)  # this device's batch only
+      grads, noise_state = noise_tx.update(grads, noise_state)
+      grads = jax.lax.pmean(grads, 'data')  # the mean, for the optimizer
+      ...
+
+  or pass ``check_vma=False`` to ``shard_map``, where the gradients are local.
+
   Optax's ``optax.measure_with_ema`` smooths a measurement of the updates, but
   does not fit here: its ``init`` applies the measurement to the params, so a
   measurement that calls ``pmean`` would need ``axis_name`` bound where
@@ -97,11 +114,27 @@ def noise_scale(
 
   Args:
     decay: EMA decay.
-    axis_name: the data-parallel axis name.
+    axis_name: the data-parallel axis name (or a tuple of them).
     microbatch_size: examples per device batch (optional).
 
   Returns:
     A :class:`optax.GradientTransformation` that returns its input.
+
+  Raises:
+    ValueError: at trace time, under ``check_vma=True``, if a gradient leaf
+      does not vary across ``axis_name``, i.e. is already summed.
+
+  Example:
+    Four devices as the lanes of a named ``vmap``, one gradient each:
+
+    >>> import jax, jax.numpy as jnp, optax_gqc
+    >>> tx = optax_gqc.noise_scale(decay=0.5, axis_name='data')
+    >>> state = tx.init({'w': jnp.zeros(2)})
+    >>> grads = {'w': jnp.array([[4.0, 1.0], [0.0, -1.0], [2.0, 1.0], [2.0, -1.0]])}
+    >>> update = jax.vmap(tx.update, axis_name='data', in_axes=(0, None), out_axes=(0, None))
+    >>> _, state = update(grads, state)
+    >>> float(state.noise_scale)  # tr(Sigma) / |G|^2 = 4 / 3, in device batches
+    1.3333333730697632
 
   References:
     McCandlish et al, `An Empirical Model of Large-Batch Training
@@ -119,6 +152,7 @@ def noise_scale(
 
   def update_fn(updates, state, params=None):
     del params
+    _check_per_device(updates, axis_name)
     devices = jax.lax.psum(1, axis_name)
     small_sq = jax.lax.pmean(sq_norm(updates), axis_name)
     big_sq = sq_norm(jax.lax.pmean(updates, axis_name))
@@ -131,3 +165,25 @@ def noise_scale(
     return updates, NoiseScaleState(g_ema, t_ema, ema(state.noise_weight, 1.0), t_ema / g_ema)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _check_per_device(updates: Any, axis_name: Any) -> None:
+  """Raises at trace time if JAX types a gradient leaf as the same on every device."""
+  axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  if not tracks_varying(axes):
+    return
+  summed = [
+      jax.tree_util.keystr(path)
+      for path, g in jax.tree_util.tree_leaves_with_path(updates)
+      if not set(axes) <= varying_axes(g)
+  ]
+  if summed:
+    raise ValueError(
+        f'noise_scale: the gradients {", ".join(summed)} do not vary across '
+        f'axis_name={axis_name!r}. Under shard_map with check_vma=True, JAX '
+        'has already summed the gradients of parameters replicated across it, '
+        'so no device holds the gradient of its own batch and the noise scale '
+        'would be near 0. Differentiate with respect to '
+        f"jax.lax.pcast(params, {axis_name!r}, to='varying') (then pmean the "
+        'gradients after noise_scale), or pass check_vma=False to shard_map'
+    )

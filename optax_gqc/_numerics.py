@@ -14,17 +14,53 @@ def _sq_abs(x: jax.Array) -> jax.Array:
   return jnp.square(x.astype(jnp.float32))
 
 
+def varying_axes(x: Any) -> frozenset:
+  """The manual mesh axes across which ``x`` varies, as JAX types it inside ``jax.shard_map``.
+
+  Empty outside ``shard_map``, and inside it with ``check_vma=False``, where
+  JAX does not track it.
+  """
+  typeof = getattr(jax, 'typeof', None)  # JAX >= 0.4.36
+  aval = typeof(x) if typeof is not None else None
+  vma = getattr(aval, 'vma', None)  # the name before JAX 0.10
+  if vma is None:
+    vma = getattr(getattr(aval, 'manual_axis_type', None), 'varying', frozenset())
+  return frozenset(vma)
+
+
+def tracks_varying(axes: tuple[Any, ...]) -> bool:
+  """Whether JAX tracks how values vary across these bound axes (``check_vma=True``)."""
+  return all(a in varying_axes(jax.lax.axis_index(a)) for a in axes)
+
+
+def _sum_sq(leaves: list[Any]) -> jax.Array:
+  return sum((jnp.sum(_sq_abs(x)) for x in leaves), start=jnp.zeros([], jnp.float32))
+
+
 def sq_norm(tree: Any, axis_name: Any = None) -> jax.Array:
   """Squared global L2 norm, summed in float32 whatever the leaves' dtype.
 
-  With ``axis_name``, the leaves are shards of a larger tree split across that
-  mapped axis (inside ``jax.shard_map``), and the local sums are ``psum``'d
-  into the norm of the whole.
+  With ``axis_name`` (a mapped axis or a tuple of them), the leaves are shards
+  of a larger tree split across those axes (inside ``jax.shard_map``), and the
+  local sums are ``psum``'d into the norm of the whole. Where JAX tracks how
+  values vary across the axes (``shard_map``'s default ``check_vma=True``), a
+  leaf that does not vary across one of them is replicated over it and
+  counts once there; otherwise (``check_vma=False``, a named ``vmap``) every
+  leaf counts as a shard.
   """
-  total = sum(
-      (jnp.sum(_sq_abs(x)) for x in jax.tree.leaves(tree)), start=jnp.zeros([], jnp.float32)
+  leaves = jax.tree.leaves(tree)
+  if axis_name is None:
+    return _sum_sq(leaves)
+  axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  if not tracks_varying(axes):
+    return jax.lax.psum(_sum_sq(leaves), axis_name)
+  groups = {}  # the named axes a leaf varies across -> those leaves
+  for x in leaves:
+    groups.setdefault(tuple(a for a in axes if a in varying_axes(x)), []).append(x)
+  return sum(
+      (jax.lax.psum(_sum_sq(g), over) if over else _sum_sq(g) for over, g in groups.items()),
+      start=jnp.zeros([], jnp.float32),
   )
-  return total if axis_name is None else jax.lax.psum(total, axis_name)
 
 
 def rounded(tree: Any, zero: jax.Array) -> Any:

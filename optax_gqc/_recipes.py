@@ -38,6 +38,7 @@ def scheduled_accumulation(
     *,
     max_draws: int = 64,
     microbatch_size: int | None = None,
+    axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """An accumulation whose inner hyperparameters follow schedules of the *microbatch* count.
@@ -57,6 +58,8 @@ def scheduled_accumulation(
       ``optimizer`` (e.g. ``{'learning_rate': ...}``).
     max_draws: the most microbatches accumulated before a step is forced.
     microbatch_size: examples per microbatch (optional, for statistics).
+    axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
+      the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: the other arguments of ``optimizer``.
 
   Returns:
@@ -73,7 +76,9 @@ def scheduled_accumulation(
   inner = optax.inject_hyperparams(optimizer)(
       **optimizer_kwargs, **{k: s(jnp.zeros([], jnp.int32)) for k, s in hyperparams.items()}
   )
-  tx = accumulate(inner, gate, max_draws=max_draws, microbatch_size=microbatch_size)
+  tx = accumulate(
+      inner, gate, max_draws=max_draws, microbatch_size=microbatch_size, axis_name=axis_name
+  )
 
   def scheduled(state):
     hyper = dict(state.inner_state.hyperparams)
@@ -117,6 +122,7 @@ def gnts_with_cosine_schedule(
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     weight_decay: float | None = 0.01,
+    axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """GNTS with a constant learning rate and an annealed threshold.
@@ -141,6 +147,8 @@ def gnts_with_cosine_schedule(
       ``weight_decay`` unless it is None), e.g. ``optax.adamw``.
     weight_decay: the inner weight decay after warmup; None for an optimizer
       without one. torch's ``AdamW`` default, 0.01, by default.
+    axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
+      the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: further arguments of ``optimizer``.
 
   Returns:
@@ -159,7 +167,7 @@ def gnts_with_cosine_schedule(
   hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
   gate = gates.norm_below(threshold)
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
   )
 
 
@@ -173,6 +181,7 @@ def gnts_with_cosine_schedule_conventional_lr(
     max_draws: int = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """GNTS with a warmup-cosine learning rate and an annealed threshold.
@@ -189,7 +198,7 @@ def gnts_with_cosine_schedule_conventional_lr(
   hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   gate = gates.norm_below(threshold)
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
   )
 
 
@@ -279,6 +288,7 @@ def sbc_with_polynomial_schedule(
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     weight_decay: float | None = 0.01,
+    axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """SBC with a polynomially growing logical batch and a constant learning rate.
@@ -303,6 +313,8 @@ def sbc_with_polynomial_schedule(
     optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
     weight_decay: the inner weight decay after warmup; None for an optimizer
       without one.
+    axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
+      the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: further arguments of ``optimizer``.
 
   Returns:
@@ -314,7 +326,7 @@ def sbc_with_polynomial_schedule(
   hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
   gate = gates.batch_size_at_least(batch, microbatch_size)
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
   )
 
 
@@ -329,6 +341,7 @@ def sbc_with_polynomial_schedule_conventional_lr(
     max_draws: int = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """SBC with a polynomially growing logical batch and a warmup-cosine learning rate.
@@ -344,7 +357,7 @@ def sbc_with_polynomial_schedule_conventional_lr(
   hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   gate = gates.batch_size_at_least(batch, microbatch_size)
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
   )
 
 
@@ -358,6 +371,7 @@ def gns_with_cosine_schedule(
     max_draws: int = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """GNS with a warmup-cosine learning rate and an annealed tolerance.
@@ -377,6 +391,8 @@ def gns_with_cosine_schedule(
     warmup_multiplier: the tolerance starts at this times ``initial_tolerance``.
     max_draws: the most microbatches accumulated before a step is forced.
     optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
+    axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
+      the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: further arguments of ``optimizer``.
 
   Returns:
@@ -388,7 +404,7 @@ def gns_with_cosine_schedule(
   hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   gate = gates.noise_ratio_below(tolerance)
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
   )
 
 
@@ -400,6 +416,7 @@ def gns_default(
     max_draws: int = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """GNS with a warmup-cosine learning rate and a constant tolerance after an inverse warmup.
@@ -413,7 +430,7 @@ def gns_default(
   hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   gate = gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup_steps))
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
   )
 
 
@@ -427,6 +444,7 @@ def mht_with_warmup_schedule(
     *,
     decay: float = 0.99,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """MHT with a warmup-cosine learning rate and warmed-up test parameters.
@@ -446,6 +464,8 @@ def mht_with_warmup_schedule(
     max_draws: the most microbatches accumulated before a step is forced.
     decay: the loss EMA's decay (torch-gqc's ``update_beta`` is ``1 - decay``).
     optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
+    axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
+      the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: further arguments of ``optimizer``.
 
   Returns:
@@ -458,5 +478,5 @@ def mht_with_warmup_schedule(
   )
   hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
   return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, **optimizer_kwargs
+      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
   )

@@ -1,8 +1,5 @@
 """The gradient noise scale: golden numbers, known truth, and the data-parallel form."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -10,9 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import optax_gqc
 from optax_gqc import gates
+from tests import processes
 
 
 def test_golden_two_batch_estimates():
@@ -175,9 +174,105 @@ SHARD_MAP_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_standalone_noise_scale_under_shard_map_on_8_devices():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
-  out = subprocess.run(
-      [sys.executable, '-c', SHARD_MAP_SCRIPT], env=env, capture_output=True, text=True, timeout=600
+  out = processes.run_code(SHARD_MAP_SCRIPT, num_devices=8, timeout=600)
+  assert out.startswith('ok')
+
+
+def test_standalone_noise_scale_raises_on_gradients_already_summed_by_check_vma():
+  # One device is enough for JAX to type the gradient of a replicated
+  # parameter as invariant, i.e. already summed over the devices.
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ('data',))
+  tx = optax_gqc.noise_scale(axis_name='data')
+  w = jnp.ones(3)
+
+  def local(x):
+    grads = {'w': jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w)}
+    return tx.update(grads, tx.init(grads))[1].noise_scale
+
+  run = jax.shard_map(local, mesh=mesh, in_specs=P('data'), out_specs=P())
+  with pytest.raises(ValueError, match=r"\['w'\].*pcast\(params, 'data'.*check_vma=False"):
+    jax.jit(run)(jnp.ones((4, 3)))
+
+
+# Both modes on 8 devices, a few steps: the estimate is the one of the
+# per-device gradients, and their pmean is the global mean gradient.
+CHECK_VMA_SCRIPT = textwrap.dedent("""
+    import json
+    import jax, jax.numpy as jnp, numpy as np, optax_gqc
+    from jax.sharding import Mesh, PartitionSpec as P
+    assert jax.device_count() == 8
+    mesh = Mesh(np.array(jax.devices()), ('data',))
+    w = {'w': jnp.linspace(-1.0, 1.0, 6), 'b': jnp.ones([])}
+    x = jax.random.normal(jax.random.key(0), (3, 8 * 4, 6))
+    y = jax.random.normal(jax.random.key(1), (3, 8 * 4))
+    tx = optax_gqc.noise_scale(decay=0.5, axis_name='data', microbatch_size=4)
+
+    def loss(w, x, y):  # the mean over this device's batch
+        return jnp.mean((x @ w['w'] + w['b'] - y) ** 2)
+
+    def run(check_vma, pcast, estimate=True):
+        def local(w, x, y):
+            state = tx.init(w)
+            for i in range(3):
+                params = jax.lax.pcast(w, 'data', to='varying') if pcast else w
+                grads = jax.grad(loss)(params, x[i], y[i])
+                if estimate:
+                    grads, state = tx.update(grads, state)
+                mean = jax.lax.pmean(grads, 'data')
+            return state.noise_scale, mean
+
+        f = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(None, 'data'), P(None, 'data')),
+                          out_specs=(P(), P()), check_vma=check_vma)
+        try:
+            ns, mean = jax.jit(f)(w, x, y)
+        except ValueError as e:
+            return {'error': str(e)}
+        return {'noise_scale': float(ns), 'mean': np.asarray(mean['w']).tolist()}
+
+    # The reference, from each device's gradient computed apart.
+    small, big, mean = [], [], None
+    for i in range(3):
+        per_device = [jax.grad(loss)(w, x[i, 4 * d:4 * d + 4], y[i, 4 * d:4 * d + 4])
+                      for d in range(8)]
+        flat = np.stack([np.concatenate([g['w'], g['b'][None]]) for g in per_device])
+        small.append(np.mean(np.sum(flat**2, 1)))
+        big.append(np.sum(flat.mean(0) ** 2))
+        mean = flat.mean(0)[:6]
+    ema = lambda v: sum(0.5 * 0.5 ** (2 - i) * v[i] for i in range(3))
+    g, t = optax_gqc.noise_scale_estimates(4, ema(small), 32, ema(big))
+    print(json.dumps({
+        'reference': {'noise_scale': float(t / g), 'mean': mean.tolist()},
+        'check_vma_pcast': run(True, True),
+        'check_vma_replicated': run(True, False),
+        'no_check_vma': run(False, False),
+        'check_vma_replicated_no_estimate': run(True, False, estimate=False),
+    }))
+""")
+
+
+@pytest.fixture(scope='module')
+def check_vma_runs():
+  return processes.run_script(CHECK_VMA_SCRIPT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mode', ['check_vma_pcast', 'no_check_vma'])
+def test_standalone_noise_scale_reads_per_device_gradients_in_both_modes(check_vma_runs, mode):
+  reference, run = check_vma_runs['reference'], check_vma_runs[mode]
+  assert run['noise_scale'] == pytest.approx(reference['noise_scale'], rel=1e-4)
+  np.testing.assert_allclose(run['mean'], reference['mean'], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_standalone_noise_scale_never_reads_summed_gradients_silently(check_vma_runs):
+  assert 'check_vma=False' in check_vma_runs['check_vma_replicated']['error']
+
+
+@pytest.mark.slow
+def test_pmean_of_gradients_summed_by_check_vma_is_their_sum(check_vma_runs):
+  # The pitfall docs/scale.md warns of: pmean of an invariant value is that
+  # value, so the "mean" gradient is 8 times too long.
+  reference = np.asarray(check_vma_runs['reference']['mean'])
+  np.testing.assert_allclose(
+      check_vma_runs['check_vma_replicated_no_estimate']['mean'], 8 * reference, rtol=1e-5
   )
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert out.stdout.startswith('ok')
