@@ -2,7 +2,10 @@
 
 import importlib.util
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -104,3 +107,87 @@ def test_accumulation_runs_on_tiny_sizes(load, tmp_path, capsys):
   assert all(r['ms'] > 0 for r in data['results'].values())
   out = capsys.readouterr().out
   assert out.count('PASS') + out.count('FAIL') == len(data['targets'])
+
+
+def test_train_step_targets(load):
+  bench = load('train_step')
+  steps_ok = dict.fromkeys(bench.ACCUMULATING, True)
+  met = bench.evaluate_targets({'gnts_fused': 69.0, 'torch_gqc': 100.0}, steps_ok)
+  assert all(met.values())
+  slow = bench.evaluate_targets({'gnts_fused': 71.0, 'torch_gqc': 100.0}, steps_ok)
+  assert [t for t, ok in slow.items() if not ok] == ['gnts fused <= 0.7x torch-gqc per microbatch']
+  other_work = bench.evaluate_targets(
+      {'gnts_fused': 69.0, 'torch_gqc': 100.0}, {**steps_ok, 'torch_gqc': False}
+  )
+  assert not all(other_work.values())
+
+
+def test_train_step_checks_its_arguments(load):
+  bench = load('train_step')
+  args = bench.parse_args(['--width', '64', '--heads', '4', '--threads', '1'])
+  assert (args.width, args.heads, args.threads, args.every) == (64, 4, 1, 8)
+  with pytest.raises(SystemExit):
+    bench.parse_args(['--width', '30', '--heads', '4'])
+  with pytest.raises(SystemExit):
+    bench.parse_args(['--threads', '0'])
+
+
+@pytest.mark.parametrize('fused_ms, status', [(60.0, 0), (80.0, 1)])
+def test_train_step_exit_status_is_that_of_the_targets(load, monkeypatch, capsys, fused_ms, status):
+  bench = load('train_step')
+  every, rounds = 4, 2
+  argv = ['--every', str(every), '--rounds', str(rounds), '--warmup', str(every)]
+  microbatches = every + rounds * every
+
+  class Done:
+
+    def __init__(self, steps):
+      self.steps = steps
+
+    def num_steps(self, microbatches):
+      return self.steps
+
+  runners = {
+      name: Done(microbatches if name in ('jax_adamw', 'torch_adamw') else microbatches // every)
+      for name in bench.LABELS
+  }
+  seconds = {name: [0.05] * rounds for name in bench.LABELS}
+  seconds['torch_gqc'] = [0.1] * rounds
+  seconds['gnts_fused'] = [fused_ms / 1e3] * rounds
+  monkeypatch.setattr(
+      bench, 'set_threads', lambda *a: {'cores': '-', 'XLA_FLAGS': '-', 'OMP_WAIT_POLICY': '-'}
+  )
+  monkeypatch.setattr(bench, 'make_runners', lambda *a, **k: runners)
+  monkeypatch.setattr(bench, 'measure', lambda *a, **k: seconds)
+  assert bench.main(argv) == status
+  out = capsys.readouterr().out
+  assert all(label in out for label in bench.LABELS.values())
+  assert out.count('FAIL') == status
+  # A candidate that did a different amount of work fails the run too.
+  runners['torch_gqc'] = Done(microbatches // every + 1)
+  assert bench.main(argv) == 1
+
+
+@pytest.mark.slow
+def test_train_step_runs_on_a_tiny_transformer(tmp_path):
+  path = tmp_path / 'out.json'
+  tiny = (
+      '--width 32 --layers 1 --heads 2 --context 8 --microbatch 2 --every 2 --rounds 1 --breakdown'
+  )
+  run = subprocess.run(
+      [sys.executable, str(BENCHMARKS / 'train_step.py'), *tiny.split(), '--json', str(path)],
+      env={**os.environ, 'PYTHONPATH': str(ROOT)},  # this checkout's optax_gqc
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+  data = json.loads(path.read_text())
+  assert run.returncode == (0 if all(data['targets'].values()) else 1), run.stderr
+  assert data['steps'] == {
+      'jax_adamw': 4, 'jax_multisteps': 2, 'gnts_optax': 2, 'gnts_fused': 2,
+      'torch_adamw': 4, 'torch_gqc': 2, 'jax_grads': 0, 'torch_grads': 0,
+  }  # fmt: skip
+  assert data['params'] == 32 * 256 * 2 + 8 * 32 + 12 * 32 * 32 + 13 * 32 + 2 * 32
+  assert set(data['ms_per_microbatch']) == set(data['steps'])
+  assert all(ms > 0 for ms in data['ms_per_microbatch'].values())
+  assert 'intra_op_parallelism_threads=' in run.stdout
