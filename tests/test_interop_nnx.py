@@ -8,10 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 
 import optax_gqc
-from optax_gqc.interop import nnx as gqc_nnx
+
+nnx = pytest.importorskip('flax.nnx')  # an optional dependency
+
+from optax_gqc.interop import nnx as gqc_nnx  # noqa: E402
 
 
 def mlp(seed=0):
