@@ -3,19 +3,21 @@
 import importlib.util
 
 
-def _torch_missing() -> bool:
+def _missing(module: str) -> bool:
   try:
-    return importlib.util.find_spec('torch') is None
+    return importlib.util.find_spec(module) is None
   except (ImportError, ValueError):  # e.g. sys.modules['torch'] is None
     return True
 
 
 def pytest_configure(config):
-  # The PyTorch bridge raises ImportError on import without torch, which would
-  # fail doctest collection of optax_gqc/. --ignore holds for the whole run.
-  if _torch_missing():
-    config.option.ignore = [
-        *(config.option.ignore or []),
-        str(config.rootpath / 'optax_gqc' / 'interop' / 'torch.py'),
-        str(config.rootpath / 'optax_gqc' / 'interop' / 'torch_replay.py'),
-    ]
+  # The PyTorch and Flax bridges raise ImportError on import without their
+  # library, which would fail doctest collection of optax_gqc/. --ignore holds
+  # for the whole run.
+  interop = config.rootpath / 'optax_gqc' / 'interop'
+  ignore = []
+  if _missing('torch'):
+    ignore += [str(interop / 'torch.py'), str(interop / 'torch_replay.py')]
+  if _missing('flax'):
+    ignore += [str(interop / 'nnx.py')]
+  config.option.ignore = [*(config.option.ignore or []), *ignore]

@@ -422,8 +422,12 @@ def update_and_apply(
   transformation it is that Optax path. Either way the parameters and the
   state equal the Optax path's.
 
-  Under ``jax.jit``, donate the parameters and the state
-  (``donate_argnums``) so that both are updated in place.
+  Under ``jax.jit``, donate the parameters and the state so that both are
+  updated in place, and take them in the order they are returned, as in the
+  example: jax gives each output the first donated buffer of its shape and
+  dtype, in argument order, so jitting ``update_and_apply`` itself with
+  ``donate_argnums=(2, 3)`` hands the parameters the buffers of the state's
+  moments, and XLA copies them around (two param-sized temporaries for AdamW).
 
   Args:
     tx: an Optax transformation.
@@ -436,15 +440,17 @@ def update_and_apply(
     ``(new_params, new_opt_state)``.
 
   Example:
-    >>> import jax, jax.numpy as jnp, optax, optax_gqc
+    >>> import functools, jax, jax.numpy as jnp, optax, optax_gqc
     >>> tx = optax_gqc.sbc(optax.sgd(0.5), logical_batch_size=2, microbatch_size=1)
+    >>> @functools.partial(jax.jit, donate_argnums=(0, 1))
+    ... def train_step(params, state, grads):
+    ...   return optax_gqc.update_and_apply(tx, grads, state, params)
     >>> params = {'w': jnp.ones(2)}
     >>> state = tx.init(params)
-    >>> step = jax.jit(optax_gqc.update_and_apply, static_argnums=0, donate_argnums=(2, 3))
-    >>> params, state = step(tx, {'w': jnp.ones(2)}, state, params)
+    >>> params, state = train_step(params, state, {'w': jnp.ones(2)})
     >>> params['w']  # accumulating: unchanged
     Array([1., 1.], dtype=float32)
-    >>> params, state = step(tx, {'w': jnp.full(2, 3.0)}, state, params)
+    >>> params, state = train_step(params, state, {'w': jnp.full(2, 3.0)})
     >>> params['w']  # stepped on the mean gradient, 2
     Array([0., 0.], dtype=float32)
   """

@@ -412,44 +412,102 @@ FUSED_CASES = {
     'sbc': lambda: optax_gqc.sbc(optax.sgd(0.1, momentum=0.9), 3, 1),
     'noise_ratio': lambda: optax_gqc.noise_ratio_accumulation(optax.adam(0.05), 0.2, max_draws=5),
     'relative_error': lambda: optax_gqc.norm_test_accumulation(optax.adam(0.05), 1.0, max_draws=5),
+    'mht': lambda: optax_gqc.mht(optax.adamw(0.05), 0.9, 0.02, max_draws=4),
     'critical_batch': lambda: optax_gqc.accumulate(
         optax.adamw(0.05), gates.critical_batch(0.5, 4), microbatch_size=4, max_draws=6
     ),
     'scaled_by_draws': lambda: optax_gqc.accumulate(
         optax.adam(0.05), gates.norm_below(1.2), max_draws=4, scale_by_draws=jnp.sqrt
     ),
-    'recipe': lambda: optax_gqc.gnts_with_cosine_schedule(
+    # The nine ports of torch-gqc's recipes, over 30 microbatches with 5 of warmup.
+    'gnts_recipe': lambda: optax_gqc.gnts_with_cosine_schedule(
         0.05, total_steps=30, warmup_steps=5, max_draws=4
+    ),
+    'gnts_recipe_conventional_lr': lambda: optax_gqc.gnts_with_cosine_schedule_conventional_lr(
+        0.05, total_steps=30, warmup_steps=5, max_draws=4
+    ),
+    'gnr_recipe': lambda: optax_gqc.gnr_with_cosine_schedule(0.05, 1.0, 0.5, 30, 5),
+    'gnr_recipe_conventional_lr': lambda: optax_gqc.gnr_with_cosine_schedule_conventional_lr(
+        0.05, 1.0, 0.5, 30, 5
     ),
     'sbc_recipe': lambda: optax_gqc.sbc_with_polynomial_schedule(
         0.05, 1, 2.0, 5.0, total_steps=30, warmup_steps=5
     ),
+    'sbc_recipe_conventional_lr': lambda: optax_gqc.sbc_with_polynomial_schedule_conventional_lr(
+        0.05, 1, 2.0, 5.0, total_steps=30, warmup_steps=5
+    ),
+    'gns_recipe': lambda: optax_gqc.gns_with_cosine_schedule(0.05, 0.5, 0.2, 30, 5, max_draws=4),
+    'gns_default': lambda: optax_gqc.gns_default(0.05, 0.3, 30, 5, max_draws=4),
+    'mht_recipe': lambda: optax_gqc.mht_with_warmup_schedule(0.05, 0.9, 0.02, 30, 5, max_draws=4),
     'not_an_accumulation': lambda: optax.adamw(0.05),
 }
+# GNR rescales every microbatch and steps on each: an optax.chain, not an accumulation.
+NOT_ACCUMULATIONS = {'gnr_recipe', 'gnr_recipe_conventional_lr', 'not_an_accumulation'}
 
 
-@pytest.mark.parametrize('name', sorted(FUSED_CASES))
+def microbatch_loss(grads):
+  """A loss for the gates that read one (MHT): a scalar that varies with the microbatch."""
+  return 1.0 + 0.1 * jnp.sum(grads['b'])
+
+
+@pytest.mark.parametrize(
+    'name',
+    [
+        # The t quantile of the loss gate takes a while to compile.
+        pytest.param(name, marks=pytest.mark.slow) if 'mht' in name else name
+        for name in sorted(FUSED_CASES)
+    ],
+)
 def test_update_and_apply_equals_the_optax_path_bitwise(name):
   tx = FUSED_CASES[name]()
+  extra_args = (lambda g: {'value': microbatch_loss(g)}) if 'mht' in name else (lambda g: {})
 
   @jax.jit
   def optax_path(grads, state, params):
-    updates, state = tx.update(grads, state, params)
+    updates, state = tx.update(grads, state, params, **extra_args(grads))
     return optax.apply_updates(params, updates), state
 
-  fused = jax.jit(optax_gqc.update_and_apply, static_argnums=0, donate_argnums=(2, 3))
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def fused(params, state, grads):
+    return optax_gqc.update_and_apply(tx, grads, state, params, **extra_args(grads))
+
   params, state = jax.tree.map(jnp.copy, PARAMS), tx.init(PARAMS)
   ref_params, ref_state = PARAMS, tx.init(PARAMS)
   grads = grad_stream(24, seed=3)
   for g in grads:
     ref_params, ref_state = optax_path(g, ref_state, ref_params)
-    params, state = fused(tx, g, state, params)
+    params, state = fused(params, state, g)
     chex.assert_trees_all_equal(params, ref_params)
     chex.assert_trees_all_equal(state, ref_state)
-  if name != 'not_an_accumulation':
+  assert hasattr(tx, 'update_and_apply') == (name not in NOT_ACCUMULATIONS)
+  if name not in NOT_ACCUMULATIONS:
     steps = int(optax_gqc.statistics(state)['num_steps'])
     assert 0 < steps < len(grads)  # both branches ran
-    assert hasattr(tx, 'update_and_apply')
+  else:
+    assert not np.array_equal(params['w'], PARAMS['w'])
+
+
+def test_update_and_apply_updates_donated_params_and_state_in_place():
+  tx = FUSED_CASES['gnts']()
+
+  # Taken in the order they are returned: jax gives each output the first
+  # donated buffer of its shape and dtype, in argument order.
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def train_step(params, state, grads):
+    return optax_gqc.update_and_apply(tx, grads, state, params)
+
+  params = jax.tree.map(jnp.copy, PARAMS)
+  state = tx.init(params)
+  memory = train_step.lower(params, state, PARAMS).compile().memory_analysis()
+  assert memory.alias_size_in_bytes == sum(x.nbytes for x in jax.tree.leaves((params, state)))
+  for g in grad_stream(8, seed=5):
+    donated = jax.tree.leaves((params, state))
+    buffers = [x.unsafe_buffer_pointer() for x in donated]
+    params, state = train_step(params, state, g)
+    assert all(x.is_deleted() for x in donated)
+    # Every output, parameters included, lives in its own input's buffer.
+    assert [x.unsafe_buffer_pointer() for x in jax.tree.leaves((params, state))] == buffers
+  assert 0 < int(state.num_steps) < 8
 
 
 def test_update_and_apply_inside_scan_equals_a_python_loop():
@@ -487,3 +545,8 @@ def test_update_and_apply_writes_no_param_sized_temporary():
   param_bytes = 512 * 512 * 4
   assert temp_bytes(optax_path) >= param_bytes  # the zero update
   assert temp_bytes(lambda p, s, g: optax_gqc.update_and_apply(tx, g, s, p)) < param_bytes
+  # What the docstring warns of: donated in another order than returned, the
+  # parameters get the moments' buffers, and XLA copies.
+  swapped = jax.jit(optax_gqc.update_and_apply, static_argnums=0, donate_argnums=(2, 3))
+  memory = swapped.lower(tx, params, state, params).compile().memory_analysis()
+  assert memory.temp_size_in_bytes >= param_bytes

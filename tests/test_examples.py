@@ -20,7 +20,12 @@ def load_example(name: str) -> types.ModuleType:
 
 
 @pytest.mark.parametrize(
-    'name, step_key', [('flax_nnx', 'optimizer_step'), ('flax_linen', 'train_state_step')]
+    'name, step_key',
+    [
+        ('flax_nnx', 'optimizer_step'),
+        ('flax_linen', 'train_state_step'),
+        pytest.param('fused_nnx', 'optimizer_step', marks=pytest.mark.slow),
+    ],
 )
 def test_example_learns_and_counts_microbatches(name, step_key, capsys):
   result = load_example(name).main(num_microbatches=NUM_MICROBATCHES, log_every=100)

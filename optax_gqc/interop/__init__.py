@@ -2,5 +2,6 @@
 
 Each bridge is a submodule with its own optional dependency, imported only when
 asked for: ``optax_gqc.interop.torch`` needs PyTorch
-(``pip install "optax-gqc[torch]"``). Importing this package imports none of them.
+(``pip install "optax-gqc[torch]"``), ``optax_gqc.interop.nnx`` (the fused
+step for Flax NNX) needs Flax. Importing this package imports none of them.
 """

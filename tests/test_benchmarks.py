@@ -1,0 +1,193 @@
+"""The benchmark scripts: their targets decide their exit status, and they run on tiny sizes."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / 'benchmarks'
+MiB = 2**20
+
+
+@pytest.fixture
+def load(monkeypatch):
+  """Imports a benchmark script as a module, with its directory on the path."""
+  monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+  def load_script(name):
+    spec = importlib.util.spec_from_file_location(f'benchmarks_{name}', BENCHMARKS / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+  return load_script
+
+
+def result(ms, temp_bytes=0):
+  return {'ms': ms, 'temp_bytes': temp_bytes, 'state_bytes': 0}
+
+
+# Timings (ms) and temporaries that meet every target of benchmarks/accumulation.py.
+ACCUMULATION_MET = {
+    'floor': result(10.0, MiB),
+    'gnts': result(12.0, MiB),
+    'fused': result(6.0, 1000),
+    'multisteps': result(40.0, 3 * MiB),
+    'adamw': result(11.0),
+    'raw_floor': result(4.5),
+}
+
+
+@pytest.mark.parametrize(
+    'name, change, target',
+    [
+        ('gnts', {'ms': 13.1}, 'gnts <= 1.3x floor'),
+        ('multisteps', {'ms': 30.0}, 'gnts <= 0.35x MultiSteps'),
+        ('gnts', {'temp_bytes': 2 * MiB}, 'gnts temporaries <= one param-sized buffer'),
+        ('raw_floor', {'ms': 3.9}, 'fused <= 1.5x raw floor'),
+        ('adamw', {'ms': 9.9}, 'fused <= 0.6x one adamw step'),
+        ('fused', {'temp_bytes': MiB // 4}, 'fused: no param-sized temporary'),
+    ],
+)
+def test_accumulation_each_target_fails_alone(load, name, change, target):
+  bench = load('accumulation')
+  assert all(bench.evaluate_targets(ACCUMULATION_MET, MiB).values())
+  missed = {**ACCUMULATION_MET, name: {**ACCUMULATION_MET[name], **change}}
+  targets = bench.evaluate_targets(missed, MiB)
+  assert [t for t, ok in targets.items() if not ok] == [target]
+
+
+def test_accumulation_gate_targets(load):
+  bench = load('accumulation')
+  gates = {'norm': result(10.0, MiB), 'other': result(10.4, MiB)}
+  assert all(bench.evaluate_gate_targets(gates, MiB).values())
+  slow = bench.evaluate_gate_targets({**gates, 'other': result(10.6, MiB)}, MiB)
+  assert not slow['every gate <= 1.05x the norm gate']
+  big = bench.evaluate_gate_targets({**gates, 'other': result(10.0, 2 * MiB)}, MiB)
+  assert not big['no gate adds a param-sized temporary']
+
+
+@pytest.mark.parametrize('fused_ms, status, failures', [(6.0, 0, 0), (7.0, 1, 2)])
+def test_accumulation_exit_status_is_that_of_the_targets(
+    load, monkeypatch, capsys, fused_ms, status, failures
+):
+  bench = load('accumulation')
+  param_bytes = bench.tree_bytes(bench.make_params(20_000))
+  scaled = {
+      k: {**r, 'temp_bytes': r['temp_bytes'] * param_bytes // MiB}
+      for k, r in ACCUMULATION_MET.items()
+  }
+  scaled['fused']['ms'] = fused_ms
+
+  def fake_measure(cands, *args, **kwargs):
+    return {name: scaled.get(name, result(10.0)) for name in cands}
+
+  monkeypatch.setattr(bench, 'measure', fake_measure)
+  assert bench.main(['--params', '20000']) == status
+  out = capsys.readouterr().out
+  assert all(label in out for label in bench.LABELS.values())
+  assert out.count('FAIL') == failures  # 7 ms misses both fused timing targets
+
+
+@pytest.mark.slow
+def test_accumulation_runs_on_tiny_sizes(load, tmp_path, capsys):
+  bench = load('accumulation')
+  path = tmp_path / 'out.json'
+  status = bench.main(
+      ['--params', '20000', '--every', '2', '--rounds', '1', '--cycles', '1', '--json', str(path)]
+  )
+  data = json.loads(path.read_text())
+  assert status == (0 if all(data['targets'].values()) else 1)
+  assert set(data['results']) == set(bench.LABELS)
+  assert all(r['ms'] > 0 for r in data['results'].values())
+  out = capsys.readouterr().out
+  assert out.count('PASS') + out.count('FAIL') == len(data['targets'])
+
+
+def test_train_step_targets(load):
+  bench = load('train_step')
+  steps_ok = dict.fromkeys(bench.ACCUMULATING, True)
+  met = bench.evaluate_targets({'gnts_fused': 69.0, 'torch_gqc': 100.0}, steps_ok)
+  assert all(met.values())
+  slow = bench.evaluate_targets({'gnts_fused': 71.0, 'torch_gqc': 100.0}, steps_ok)
+  assert [t for t, ok in slow.items() if not ok] == ['gnts fused <= 0.7x torch-gqc per microbatch']
+  other_work = bench.evaluate_targets(
+      {'gnts_fused': 69.0, 'torch_gqc': 100.0}, {**steps_ok, 'torch_gqc': False}
+  )
+  assert not all(other_work.values())
+
+
+def test_train_step_checks_its_arguments(load):
+  bench = load('train_step')
+  args = bench.parse_args(['--width', '64', '--heads', '4', '--threads', '1'])
+  assert (args.width, args.heads, args.threads, args.every) == (64, 4, 1, 8)
+  with pytest.raises(SystemExit):
+    bench.parse_args(['--width', '30', '--heads', '4'])
+  with pytest.raises(SystemExit):
+    bench.parse_args(['--threads', '0'])
+
+
+@pytest.mark.parametrize('fused_ms, status', [(60.0, 0), (80.0, 1)])
+def test_train_step_exit_status_is_that_of_the_targets(load, monkeypatch, capsys, fused_ms, status):
+  bench = load('train_step')
+  every, rounds = 4, 2
+  argv = ['--every', str(every), '--rounds', str(rounds), '--warmup', str(every)]
+  microbatches = every + rounds * every
+
+  class Done:
+
+    def __init__(self, steps):
+      self.steps = steps
+
+    def num_steps(self, microbatches):
+      return self.steps
+
+  runners = {
+      name: Done(microbatches if name in ('jax_adamw', 'torch_adamw') else microbatches // every)
+      for name in bench.LABELS
+  }
+  seconds = {name: [0.05] * rounds for name in bench.LABELS}
+  seconds['torch_gqc'] = [0.1] * rounds
+  seconds['gnts_fused'] = [fused_ms / 1e3] * rounds
+  monkeypatch.setattr(
+      bench, 'set_threads', lambda *a: {'cores': '-', 'XLA_FLAGS': '-', 'OMP_WAIT_POLICY': '-'}
+  )
+  monkeypatch.setattr(bench, 'make_runners', lambda *a, **k: runners)
+  monkeypatch.setattr(bench, 'measure', lambda *a, **k: seconds)
+  assert bench.main(argv) == status
+  out = capsys.readouterr().out
+  assert all(label in out for label in bench.LABELS.values())
+  assert out.count('FAIL') == status
+  # A candidate that did a different amount of work fails the run too.
+  runners['torch_gqc'] = Done(microbatches // every + 1)
+  assert bench.main(argv) == 1
+
+
+@pytest.mark.slow
+def test_train_step_runs_on_a_tiny_transformer(tmp_path):
+  path = tmp_path / 'out.json'
+  tiny = (
+      '--width 32 --layers 1 --heads 2 --context 8 --microbatch 2 --every 2 --rounds 1 --breakdown'
+  )
+  run = subprocess.run(
+      [sys.executable, str(BENCHMARKS / 'train_step.py'), *tiny.split(), '--json', str(path)],
+      env={**os.environ, 'PYTHONPATH': str(ROOT)},  # this checkout's optax_gqc
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+  data = json.loads(path.read_text())
+  assert run.returncode == (0 if all(data['targets'].values()) else 1), run.stderr
+  assert data['steps'] == {
+      'jax_adamw': 4, 'jax_multisteps': 2, 'gnts_optax': 2, 'gnts_fused': 2,
+      'torch_adamw': 4, 'torch_gqc': 2, 'jax_grads': 0, 'torch_grads': 0,
+  }  # fmt: skip
+  assert data['params'] == 32 * 256 * 2 + 8 * 32 + 12 * 32 * 32 + 13 * 32 + 2 * 32
+  assert set(data['ms_per_microbatch']) == set(data['steps'])
+  assert all(ms > 0 for ms in data['ms_per_microbatch'].values())
+  assert 'intra_op_parallelism_threads=' in run.stdout
