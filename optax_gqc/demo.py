@@ -35,6 +35,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import sys
 import sysconfig
 import time
@@ -844,6 +845,14 @@ def plot_study(runs: Sequence[Mapping[str, Any]], summaries, path: Path) -> None
 # The command line.
 
 
+class _Parser(argparse.ArgumentParser):
+  """Errors in one line, naming the flag; no usage block, no traceback."""
+
+  def error(self, message):
+    message = ' '.join(str(message).split())
+    self.exit(2, f'{self.prog}: error: {message} (see --help)\n')
+
+
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
   """Shows every default but None and False (flags, and defaults said in the help)."""
 
@@ -851,6 +860,35 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
     if action.default is None or action.default is False:
       return action.help
     return super()._get_help_string(action)
+
+
+def _int_at_least(low: int):
+  def parse(text: str) -> int:
+    try:
+      value = int(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f'must be an integer, got {text!r}') from None
+    if value < low:
+      raise argparse.ArgumentTypeError(f'must be >= {low}, got {value}')
+    return value
+
+  return parse
+
+
+def _float_in(low: float, high: float, *, open_low: bool = False, open_high: bool = False):
+  def parse(text: str) -> float:
+    try:
+      value = float(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f'must be a number, got {text!r}') from None
+    too_low = value <= low if open_low else value < low
+    too_high = value >= high if open_high else value > high
+    if not math.isfinite(value) or too_low or too_high:
+      interval = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+      raise argparse.ArgumentTypeError(f'must be in {interval}, got {text}')
+    return value
+
+  return parse
 
 
 def _arm_list(text: str) -> tuple[str, ...]:
@@ -892,7 +930,7 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
   With ``defaults=False`` no flag has a default, so parsing gives only the
   flags on the command line.
   """
-  p = argparse.ArgumentParser(
+  p = _Parser(
       prog='python -m optax_gqc.demo',
       description=(
           'Adaptive gradient accumulation against the fixed-batch frontier, on real text: '
@@ -903,7 +941,7 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
       epilog=(
           "The adaptive arms' knobs are the table ARMS in optax_gqc/demo.py. "
           "The README's figures: python -m optax_gqc.demo --study --out docs/demo. "
-          'See docs/demo.md.'
+          'Ctrl-C stops, keeps the arms that finished, and exits 130. See docs/demo.md.'
       ),
       formatter_class=_Formatter,
   )
@@ -921,7 +959,7 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
   add(
       '--tokens',
       metavar='N',
-      type=int,
+      type=_int_at_least(1),
       default=DEFAULT_TOKENS,
       help='token budget per arm, rounded down to whole blocks of microbatches',
   )
@@ -929,25 +967,27 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
   add(
       '--corpus-bytes',
       metavar='N',
-      type=int,
+      type=_int_at_least(1),
       default=3_000_000,
       help='bytes of the stdlib corpus to read',
   )
-  add('--microbatch', metavar='N', type=int, default=8, help='sequences per microbatch')
-  add('--context', metavar='N', type=int, default=64, help='bytes per sequence')
-  add('--dim', metavar='N', type=int, default=96, help='model width')
-  add('--layers', metavar='N', type=int, default=3, help='transformer blocks')
+  add(
+      '--microbatch', metavar='N', type=_int_at_least(1), default=8, help='sequences per microbatch'
+  )
+  add('--context', metavar='N', type=_int_at_least(1), default=64, help='bytes per sequence')
+  add('--dim', metavar='N', type=_int_at_least(1), default=96, help='model width')
+  add('--layers', metavar='N', type=_int_at_least(1), default=3, help='transformer blocks')
   add(
       '--heads',
       metavar='N',
-      type=int,
+      type=_int_at_least(1),
       default=4,
       help='attention heads; must divide the width',
   )
   add(
       '--lr',
       metavar='X',
-      type=float,
+      type=_float_in(0, 1, open_low=True),
       default=3e-3,
       help='peak learning rate at one microbatch per step; the fixed arm of k microbatches '
       'uses lr * sqrt(k) (frontier_lr)',
@@ -955,21 +995,21 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
   add(
       '--weight-decay',
       metavar='X',
-      type=float,
+      type=_float_in(0, 1, open_high=True),
       default=0.01,
       help="AdamW's weight decay",
   )
   add(
       '--warmup',
       metavar='X',
-      type=float,
+      type=_float_in(0, 1, open_high=True),
       default=0.05,
       help='share of the run in learning-rate warmup',
   )
   add(
       '--max-draws',
       metavar='N',
-      type=int,
+      type=_int_at_least(1),
       default=None,
       help="the most microbatches per step of the critical and gnts arms (default: each arm's "
       'max_draws in ARMS, 32)',
@@ -977,14 +1017,14 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
   add(
       '--evals',
       metavar='N',
-      type=int,
+      type=_int_at_least(1),
       default=12,
       help='validation-loss evaluations per arm',
   )
   add(
       '--block',
       metavar='N',
-      type=int,
+      type=_int_at_least(1),
       default=50,
       help='microbatches per compiled call (one lax.scan)',
   )
@@ -1051,7 +1091,74 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
       args.sizes = tuple(dict.fromkeys([*args.sizes, small]))
   elif {'dim', 'layers'} & given:
     parser.error('argument --sizes: give either --sizes or --dim/--layers')
+  for dim, _ in args.sizes:
+    if dim % args.heads:
+      flag = '--sizes' if 'sizes' in given else '--dim'
+      parser.error(f'argument --heads: {args.heads} heads do not divide the width {dim} ({flag})')
+  tokens_per_micro = args.microbatch * args.context
+  need = max(args.evals, MIN_MICROBATCHES)
+  if args.tokens // tokens_per_micro < need:
+    parser.error(
+        f'argument --tokens: {args.tokens} tokens make {args.tokens // tokens_per_micro} '
+        f'microbatches of {args.microbatch} x {args.context}; need at least {need} '
+        f'(--evals, and {MIN_MICROBATCHES} for fixed8)'
+    )
+  min_bytes = 10 * (args.context + 2)  # the held-out 10% must hold a window
+  if args.data is None:
+    available = len(stdlib_corpus(args.corpus_bytes)[0])
+    if available < min_bytes:
+      parser.error(
+          f'argument --corpus-bytes: {available} bytes of stdlib source; need at least '
+          f'{min_bytes} (10 x (--context + 2), for the held-out 10%), or give --data FILE'
+      )
+  else:
+    problem = _data_problem(Path(args.data), min_bytes)
+    if problem:
+      parser.error(f'argument --data: {problem}')
+  problem = _out_problem(Path(args.out))
+  if problem:
+    parser.error(f'argument --out: {problem}')
   return args
+
+
+def _data_problem(path: Path, min_bytes: int) -> str | None:
+  """Why ``path`` cannot be the training text, or None."""
+  if not path.exists():
+    return f'no such file: {path}'
+  if path.is_dir():
+    return f'{path} is a directory, not a text file'
+  if not path.is_file():
+    return f'{path} is not a regular file'
+  try:
+    data = path.read_bytes()
+  except OSError as e:
+    return f'cannot read {path}: {e.strerror or e}'
+  if not data:
+    return f'{path} is empty'
+  if len(data) < min_bytes:
+    return (
+        f'{path} holds {len(data)} bytes; need at least {min_bytes} '
+        '(10 x (--context + 2), for the held-out 10%)'
+    )
+  if b'\0' in data:
+    return f'{path} looks binary (it holds NUL bytes); give a text file'
+  invalid = len(data) - len(data.decode('utf-8', 'ignore').encode('utf-8'))
+  if invalid > 0.05 * len(data):
+    return f'{path} is not text: {invalid / len(data):.0%} of its bytes are not UTF-8'
+  return None
+
+
+def _out_problem(path: Path) -> str | None:
+  """Why ``path`` cannot be the output folder (creating it if missing), or None."""
+  if path.exists() and not path.is_dir():
+    return f'{path} is a file, not a folder'
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    return f'cannot create {path}: {e.strerror or e}'
+  if not os.access(path, os.W_OK):
+    return f'cannot write into {path}'
+  return None
 
 
 # The main job.
@@ -1070,7 +1177,7 @@ def _size_name(size: tuple[int, int]) -> str:
 
 
 def run_all(args, data, run_plan, runs: list) -> None:
-  """Every size, seed and arm, appending to ``runs`` as arms finish."""
+  """Every size, seed and arm, appending to ``runs`` as arms finish (so Ctrl-C keeps them)."""
   split = int(0.9 * len(data))
   val = sample_batches(data[split:], VAL_BATCHES * VAL_SEQUENCES, 1, args.context, VAL_SEED)
   val = jnp.asarray(val.reshape(VAL_BATCHES, VAL_SEQUENCES, -1), jnp.int32)
@@ -1093,18 +1200,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Runs the demo; returns what it writes to ``results.json``."""
   args = parse_args(argv)
   out = Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
   runs: list[dict[str, Any]] = []
-  data, source = load_corpus(args)
-  tokens_per_micro = args.microbatch * args.context
-  run_plan = plan(args.tokens, tokens_per_micro, args.evals, args.block)
-  print(
-      f'{len(data) / 1e6:.2f} MB of text ({len(source)} files); {len(args.arms)} arms x '
-      f'{len(args.seeds)} seeds x {len(args.sizes)} sizes; {run_plan.count} microbatches of '
-      f'{args.microbatch} x {args.context} bytes per arm ({run_plan.count * tokens_per_micro} '
-      f'tokens), in blocks of {run_plan.block}'
-  )
-  run_all(args, data, run_plan, runs)
+  interrupted, source, run_plan = False, [], None
+  try:
+    data, source = load_corpus(args)
+    tokens_per_micro = args.microbatch * args.context
+    run_plan = plan(args.tokens, tokens_per_micro, args.evals, args.block)
+    print(
+        f'{len(data) / 1e6:.2f} MB of text ({len(source)} files); {len(args.arms)} arms x '
+        f'{len(args.seeds)} seeds x {len(args.sizes)} sizes; {run_plan.count} microbatches of '
+        f'{args.microbatch} x {args.context} bytes per arm ({run_plan.count * tokens_per_micro} '
+        f'tokens), in blocks of {run_plan.block}'
+    )
+    run_all(args, data, run_plan, runs)
+  except KeyboardInterrupt:  # the arm cut short was never added
+    interrupted = True
+    runs = [r for r in runs if r['arms']]
+  if not runs:
+    print('interrupted: no arm finished, nothing written', file=sys.stderr)
+    raise SystemExit(130)
 
   summaries = summarize(runs, args.arms)
   lines = []
@@ -1114,6 +1228,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   payload = {
       'config': {**vars(args), 'count': run_plan.count, 'block': run_plan.block},
       'corpus_files': source,
+      'interrupted': interrupted,
       'arms': first['arms'],
       'frontier': summaries[0]['frontier'],
       'verdict': {s['size']: s['verdict'] for s in summaries},
@@ -1131,6 +1246,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   (out / 'table.txt').write_text('\n'.join(lines))
   print('\n' + '\n'.join(lines[:-1]))
   print(f"wrote {', '.join(str(out / w) for w in written)}")
+  if interrupted:
+    print(
+        f'interrupted: kept the {sum(len(r["arms"]) for r in runs)} arms that finished',
+        file=sys.stderr,
+    )
+    raise SystemExit(130)
   return payload
 
 

@@ -5,6 +5,9 @@ import contextlib
 import io
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +18,8 @@ from flax import nnx
 
 import optax_gqc
 from optax_gqc import demo, gates
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope='module')
@@ -42,7 +47,7 @@ def test_quick_run_writes_the_frontier_the_critical_arm_and_a_verdict(quick):
     assert point['steps'] == count // k
   assert set(saved['verdict']['32x1']) == {'critical'}
   assert saved['verdict_lines'][0].startswith('verdict (32x1, seed 0)')
-  assert saved['verdict_lines'][0] in stdout
+  assert saved['verdict_lines'][0] in stdout and not saved['interrupted']
   table = (out / 'table.txt').read_text().splitlines()
   assert table[1].split()[:3] == ['arm', 'val', 'loss']
   assert [line.split()[0] for line in table[2:6]] == ['control', 'fixed2', 'fixed4', 'critical']
@@ -287,6 +292,79 @@ def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
 # The command line.
 
 
+BAD_INPUTS = [
+    (['--data', '{tmp}/missing.txt'], '--data'),
+    (['--data', '{tmp}/dir'], '--data'),
+    (['--data', '{tmp}/empty.txt'], '--data'),
+    (['--data', '{tmp}/tiny.txt'], '--data'),
+    (['--data', '{tmp}/binary.bin'], '--data'),
+    (['--data', '{tmp}/latin.bin'], '--data'),
+    (['--microbatch', '0'], '--microbatch'),
+    (['--dim', '0'], '--dim'),
+    (['--heads', '5'], '--heads'),
+    (['--sizes', '66x2'], '--heads'),
+    (['--sizes', '64'], '--sizes'),
+    (['--sizes', '64x2', '--dim', '64'], '--sizes'),
+    (['--warmup', '2'], '--warmup'),
+    (['--max-draws', '0'], '--max-draws'),
+    (['--out', '{tmp}/file/sub'], '--out'),
+    (['--out', '{tmp}/file'], '--out'),
+    (['--lr', '-1'], '--lr'),
+    (['--lr', 'nan'], '--lr'),
+    (['--layers', '-1'], '--layers'),
+    (['--evals', '-3'], '--evals'),
+    (['--evals', '100000'], '--tokens'),
+    (['--tokens', '100'], '--tokens'),
+    (['--tokens', 'many'], '--tokens'),
+    (['--context', '0'], '--context'),
+    (['--weight-decay', '-0.1'], '--weight-decay'),
+    (['--corpus-bytes', '10'], '--corpus-bytes'),
+    (['--arms', 'control,sgd'], '--arms'),
+    (['--seeds', '0,a'], '--seeds'),
+    (['--block', '0'], '--block'),
+    (['--no-such-flag'], '--no-such-flag'),
+]
+
+
+@pytest.mark.parametrize(
+    ('argv', 'flag'), BAD_INPUTS, ids=[' '.join(a).replace('{tmp}/', '') for a, _ in BAD_INPUTS]
+)
+def test_bad_input_is_a_one_line_error_naming_the_flag(argv, flag, tmp_path, capsys):
+  (tmp_path / 'dir').mkdir()
+  (tmp_path / 'empty.txt').write_bytes(b'')
+  (tmp_path / 'tiny.txt').write_text('print(1)\n')
+  (tmp_path / 'binary.bin').write_bytes(bytes(range(256)) * 40)
+  (tmp_path / 'latin.bin').write_bytes(bytes(range(128, 256)) * 80)  # no NUL, not UTF-8
+  (tmp_path / 'file').write_text('x')
+  out = tmp_path / 'out'
+  argv = [a.format(tmp=tmp_path) for a in argv]
+  if '--out' not in argv:
+    argv += ['--out', str(out)]
+  with pytest.raises(SystemExit) as exit_info:
+    demo.main(argv)
+  assert exit_info.value.code == 2
+  captured = capsys.readouterr()
+  lines = captured.err.strip().splitlines()
+  assert len(lines) == 1 and flag in lines[0] and 'Traceback' not in captured.err
+  assert lines[0].startswith('python -m optax_gqc.demo: error: ')
+  assert not captured.out and not out.exists()  # nothing run, nothing written
+
+
+def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'optax_gqc.demo', '--heads', '5', '--out', str(tmp_path)],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
+  assert result.returncode == 2 and not result.stdout
+  assert result.stderr.strip().splitlines() == [
+      'python -m optax_gqc.demo: error: argument --heads: 5 heads do not divide the width 96 '
+      '(--dim) (see --help)'
+  ]
+
+
 def test_explicit_flags_win_over_quick(tmp_path):
   out = ['--out', str(tmp_path)]
   args = demo.parse_args(['--quick', *out])
@@ -321,6 +399,39 @@ def test_help_lists_every_flag_with_help_default_and_choices(capsys):
   assert 'choices: control, fixed2, fixed4, fixed8, critical, gnts, warmup' in text
   for default in ('(default: 400000)', '(default: 0.003)', '(default: ./gqc-demo-out)'):
     assert default in text
+
+
+def test_ctrl_c_keeps_the_arms_that_finished(quick, tmp_path, monkeypatch, capsys):
+  finished = []
+  real = demo.run_arm
+
+  def run_arm(name, *args):
+    if finished:
+      raise KeyboardInterrupt
+    finished.append(name)
+    return real(name, *args)
+
+  monkeypatch.setattr(demo, 'run_arm', run_arm)
+  with pytest.raises(SystemExit) as exit_info:
+    demo.main(['--quick', '--no-progress', '--arms', 'fixed2,critical', '--out', str(tmp_path)])
+  assert exit_info.value.code == 130
+  saved = json.loads((tmp_path / 'results.json').read_text())
+  assert saved['interrupted'] and list(saved['arms']) == ['fixed2']
+  assert (tmp_path / 'curves.png').stat().st_size > 0
+  assert (tmp_path / 'table.txt').read_text().splitlines()[2].startswith('fixed2')
+  assert 'interrupted' in capsys.readouterr().err
+
+
+def test_ctrl_c_before_any_arm_finished_writes_nothing(tmp_path, monkeypatch, capsys):
+  def interrupt(*args):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(demo, 'run_arm', interrupt)
+  with pytest.raises(SystemExit) as exit_info:
+    demo.main(['--quick', '--no-progress', '--out', str(tmp_path)])
+  assert exit_info.value.code == 130
+  assert not list(tmp_path.iterdir())
+  assert 'nothing written' in capsys.readouterr().err
 
 
 # The gnts arm's gate.
