@@ -727,6 +727,17 @@ def _colors(names: Sequence[str]) -> dict[str, Any]:
   return out
 
 
+def _log_axis(axis) -> None:
+  """A log scale labelled in plain numbers (100, 200), not powers of ten."""
+  from matplotlib import ticker
+
+  axis.axes.set(**{f'{axis.axis_name}scale': 'log'})
+  axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f'{v:g}'))
+  axis.set_minor_formatter(
+      ticker.FuncFormatter(lambda v, _: f'{v:g}' if f'{v:g}'[0] in '25' else '')
+  )
+
+
 def _frontier_axis(ax, arms: Mapping[str, Any], colors, label: bool = True, **style) -> None:
   """Final loss against optimizer steps: the frontier as a line, the other arms as points."""
   points = [
@@ -746,7 +757,7 @@ def _frontier_axis(ax, arms: Mapping[str, Any], colors, label: bool = True, **st
         label=name if label else None,
         **style,
     )
-  ax.set_xscale('log')
+  _log_axis(ax.xaxis)
   ax.set(xlabel='optimizer steps (log)', ylabel='final validation loss (nats/byte)')
 
 
@@ -809,7 +820,7 @@ def plot_curves(run: Mapping[str, Any], path: Path) -> None:
       title='noise scale B_simple and the critical target batch',
   )
   if ax.lines:
-    ax.set_yscale('log')
+    _log_axis(ax.yaxis)
     ax.legend(fontsize=7)
   fig.suptitle(f"model {run['size']}, seed {run['seed']}")
   fig.tight_layout()
