@@ -33,6 +33,7 @@ also ``study.png``) into ``--out``. See ``docs/demo.md``.
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import os
@@ -65,7 +66,7 @@ ARMS: dict[str, dict[str, Any]] = {
     'gnts': {'kind': 'gnts', 'ratio': 0.5, 'eta': 0.8, 'max_draws': 32, 'scale_by_draws': 'sqrt'},
     'warmup': {'kind': 'warmup', 'start': 1, 'end': 8, 'scale_by_draws': 'sqrt'},
 }
-FRONTIER = ('control', 'fixed2', 'fixed4', 'fixed8')  # the fixed arms, k = 1, 2, 4, 8
+FRONTIER = tuple(a for a, spec in ARMS.items() if spec['kind'] == 'fixed')  # the fixed arms
 
 # Peak learning rates of the fixed arms by k, where a sweep has set them; a k
 # not listed follows the square-root rule of frontier_lr.
@@ -95,7 +96,7 @@ QUICK = {
 STUDY_SEEDS = (0, 1)
 VAL_BATCHES, VAL_SEQUENCES = 8, 32  # the validation windows, the same for every seed
 VAL_SEED = 12345
-MIN_MICROBATCHES = 8  # so that every fixed arm steps
+MIN_MICROBATCHES = max(ARMS[a]['k'] for a in FRONTIER)  # so that every fixed arm steps
 
 
 # Data and model.
@@ -509,7 +510,7 @@ def frontier_loss_at(frontier: Sequence[tuple[float, float]], steps: float) -> f
   points = sorted(frontier)
   if len(points) < 2 or not points[0][0] <= steps <= points[-1][0]:
     return None
-  for (s0, l0), (s1, l1) in zip(points, points[1:]):  # noqa: B905
+  for (s0, l0), (s1, l1) in itertools.pairwise(points):
     if s0 <= steps <= s1:
       if s1 == s0:
         return min(l0, l1)
@@ -1112,7 +1113,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.error(
         f'argument --tokens: {args.tokens} tokens make {args.tokens // tokens_per_micro} '
         f'microbatches of {args.microbatch} x {args.context}; need at least {need} '
-        f'(--evals, and {MIN_MICROBATCHES} for fixed8)'
+        f'(--evals, and {MIN_MICROBATCHES} so that every fixed arm steps)'
     )
   min_bytes = 10 * (args.context + 2)  # the held-out 10% must hold a window
   if args.data is None:
