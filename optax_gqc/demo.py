@@ -591,7 +591,7 @@ def verdict(
 def verdict_line(verdicts: Mapping[str, Mapping[str, Any]], label: str = '') -> str:
   """The verdict in one line."""
   if not verdicts:
-    return f'verdict{label}: no adaptive arm was run'
+    return f'verdict{label}: no adaptive arm finished'
   parts = []
   for name, v in verdicts.items():
     steps = f"{v['steps']:.0f} steps"
@@ -1260,7 +1260,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   print(f"wrote {', '.join(str(out / w) for w in written)}")
   if interrupted:
     print(
-        f'interrupted: kept the {sum(len(r["arms"]) for r in runs)} arms that finished',
+        f'interrupted: kept the arms that finished ({sum(len(r["arms"]) for r in runs)})',
         file=sys.stderr,
     )
     raise SystemExit(130)
