@@ -1,32 +1,48 @@
-"""Adaptive accumulation on real text: ``python -m optax_gqc.demo``.
+"""Adaptive accumulation against the fixed-batch frontier: ``python -m optax_gqc.demo``.
 
 A small byte-level transformer (Flax NNX) learns Python source code: by
 default the top-level modules of the running interpreter's standard library
 (``<stdlib>/*.py``, sorted by name, the first ``--corpus-bytes``), so the data
 is on every machine and nothing is downloaded; ``--data FILE`` trains on your
-own text. The last 10% is held out for validation. Three arms see the same
-microbatches in the same order, at the same token budget:
+own text. The last 10% is held out for validation.
 
-- ``control``: AdamW stepping on every microbatch, warmup then cosine decay;
-- ``fixed``: AdamW on the mean of a fixed number of microbatches, the GNTS
-  arm's mean draws per step (this separates "adaptive" from "bigger batch");
-- ``gnts``: GNTS with AdamW inside, torch-gqc's recipe (constant learning rate
-  after warmup, threshold by inverse warmup then cosine), with the threshold
-  relative to an EMA of microbatch gradient norms and the norm test as a
-  valve for the signal-dominated start.
+Every arm sees the same microbatches in the same order, at the same token
+budget, with AdamW inside and the same learning-rate schedule of *tokens* (5%
+warmup, then a cosine to a tenth of the peak): arms differ only in when they
+step. The arms are the rows of :data:`ARMS`:
 
-It writes a table, ``curves.png`` and ``results.json`` into ``--out``.
+- the fixed-batch frontier: ``control`` steps on every microbatch; ``fixed2``,
+  ``fixed4`` and ``fixed8`` on the mean of k microbatches, each at its own
+  peak learning rate, :func:`frontier_lr` (``--lr`` times sqrt(k));
+- adaptive arms, at the k = 1 learning rate with each step scaled by the square
+  root of the microbatches it averaged: ``critical`` (a batch of a fraction of
+  the measured noise scale), ``gnts`` (a mean gradient short against the
+  microbatch norms, or precise by the norm test), ``warmup`` (a scheduled batch
+  warmup from 1 to 8 microbatches).
+
+Fewer optimizer steps at the same tokens usually cost loss. The fixed arms
+draw that trade-off as a curve of validation loss against optimizer steps; an
+adaptive arm earns its gate if it lands *below* the curve. :func:`verdict`
+interpolates the frontier at the arm's step count and says by how much.
+``--study`` repeats the measurement over two seeds and two model sizes, and
+counts an arm below the frontier only by more than the seed-to-seed spread.
+
+Writes ``table.txt``, ``results.json`` and ``curves.png`` (with ``--study``
+also ``study.png``) into ``--out``. See ``docs/demo.md``.
 """
 
 import argparse
+import functools
+import itertools
 import json
 import math
 import os
+import sys
 import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,9 +51,55 @@ import optax
 from flax import nnx
 
 import optax_gqc
-from optax_gqc import gates, schedules
+from optax_gqc import gates
 
 VOCAB = 256  # bytes
+
+# The arms, one row each: ``kind`` says how the gate is built (make_optimizer),
+# the other entries are its knobs. Edit the knobs here.
+ARMS: dict[str, dict[str, Any]] = {
+    'control': {'kind': 'fixed', 'k': 1},
+    'fixed2': {'kind': 'fixed', 'k': 2},
+    'fixed4': {'kind': 'fixed', 'k': 4},
+    'fixed8': {'kind': 'fixed', 'k': 8},
+    'critical': {'kind': 'critical', 'fraction': 0.5, 'max_draws': 32, 'scale_by_draws': 'sqrt'},
+    'gnts': {'kind': 'gnts', 'ratio': 0.5, 'eta': 0.8, 'max_draws': 32, 'scale_by_draws': 'sqrt'},
+    'warmup': {'kind': 'warmup', 'start': 1, 'end': 8, 'scale_by_draws': 'sqrt'},
+}
+FRONTIER = tuple(a for a, spec in ARMS.items() if spec['kind'] == 'fixed')  # the fixed arms
+
+# Peak learning rates of the fixed arms by k, where a sweep has set them; a k
+# not listed follows the square-root rule of frontier_lr.
+FRONTIER_LR: dict[int, float] = {}
+
+# Knobs passed to the train program as arrays rather than baked in as
+# constants, by kind: the fixed arms then share one compiled program.
+ARRAY_KNOBS = {'fixed': ('k',)}
+
+SCALE_BY_DRAWS = {None: None, 'sqrt': jnp.sqrt}
+
+# The verdict's bar for "as good as the control with fewer steps" (see verdict).
+NEAR_CONTROL_NATS = 0.02
+FEW_STEPS_RATIO = 0.6
+
+DEFAULT_TOKENS = 400_000
+# --quick: these defaults, for the flags not given on the command line.
+QUICK = {
+    'arms': ('control', 'fixed2', 'fixed4', 'critical'),
+    'tokens': 40_000,
+    'corpus_bytes': 400_000,
+    'context': 32,
+    'dim': 32,
+    'layers': 1,
+    'evals': 4,
+}
+STUDY_SEEDS = (0, 1)
+VAL_BATCHES, VAL_SEQUENCES = 8, 32  # the validation windows, the same for every seed
+VAL_SEED = 12345
+MIN_MICROBATCHES = max(ARMS[a]['k'] for a in FRONTIER)  # so that every fixed arm steps
+
+
+# Data and model.
 
 
 def stdlib_corpus(max_bytes: int) -> tuple[bytes, list[str]]:
@@ -52,6 +114,13 @@ def stdlib_corpus(max_bytes: int) -> tuple[bytes, list[str]]:
     if size >= max_bytes:
       break
   return b''.join(chunks)[:max_bytes], names
+
+
+def sample_batches(tokens: np.ndarray, count: int, size: int, context: int, seed: int):
+  """``count`` microbatches of ``size`` windows of ``context + 1`` bytes."""
+  rng = np.random.default_rng(seed)
+  starts = rng.integers(0, len(tokens) - context - 1, size=(count, size))
+  return tokens[starts[..., None] + np.arange(context + 1)]
 
 
 class Block(nnx.Module):
@@ -87,311 +156,1116 @@ class CharTransformer(nnx.Module):
 
 
 def loss_fn(model, batch):
+  """Mean next-byte cross entropy (nats) over windows of ``context + 1`` bytes."""
   logits = model(batch[:, :-1])
   return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
 
 
-@nnx.jit
-def train_step(model, optimizer, batch):
-  loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
-  optimizer.update(model, grads)
-  return loss
+def param_loss(params, graphdef, batch):
+  """:func:`loss_fn` as a pure function of the parameters split out of the model."""
+  return loss_fn(nnx.merge(graphdef, params), batch)
 
 
-@nnx.jit
-def eval_loss(model, batches):
-  return jnp.mean(jax.vmap(lambda b: loss_fn(model, b))(batches))
+@functools.partial(jax.jit, static_argnums=1)
+def eval_loss(params, graphdef, batches):
+  return jnp.mean(jax.vmap(lambda b: param_loss(params, graphdef, b))(batches))
 
 
-def sample_batches(tokens: np.ndarray, count: int, size: int, context: int, seed: int):
-  """``count`` microbatches of ``size`` windows of ``context + 1`` bytes."""
-  rng = np.random.default_rng(seed)
-  starts = rng.integers(0, len(tokens) - context - 1, size=(count, size))
-  return tokens[starts[..., None] + np.arange(context + 1)]
+# The arms' optimizers.
 
 
-def run_arm(name: str, tx, args, train: np.ndarray, val: np.ndarray, log: Callable[[str], None]):
-  """Trains one arm; returns its curve and summary."""
+class Setup(NamedTuple):
+  """What a train program bakes in besides its arm: hashable, a key of the program cache."""
+
+  microbatch: int  # sequences per microbatch
+  count: int  # microbatches in the run: the length of the learning-rate schedule
+  warmup: float  # share of the run in warmup
+  weight_decay: float
+
+
+def frontier_lr(k: int, args: argparse.Namespace) -> float:
+  """The peak learning rate of the fixed arm of ``k`` microbatches per step.
+
+  :data:`FRONTIER_LR` where a sweep has set it; otherwise the square-root rule
+  for Adam, ``--lr`` times sqrt(k): a mean over ``k`` times the examples has
+  ``k`` times less gradient variance, which allows a step sqrt(k) times longer
+  (Malladi et al, `On the SDEs and Scaling Rules for Adaptive Gradient
+  Algorithms <https://arxiv.org/abs/2205.10287>`_, 2022).
+  """
+  return FRONTIER_LR.get(k, args.lr * math.sqrt(k))
+
+
+def arm_knobs(spec: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+  """An arm's knobs that its train program takes as arrays: the peak lr and :data:`ARRAY_KNOBS`."""
+  lr = frontier_lr(spec['k'], args) if spec['kind'] == 'fixed' else spec.get('lr', args.lr)
+  return {'lr': lr, **{name: spec[name] for name in ARRAY_KNOBS.get(spec['kind'], ())}}
+
+
+def program_spec(spec: Mapping[str, Any]) -> tuple:
+  """The spec without its array knobs, as sorted items: what a compiled program bakes in."""
+  skip = {'lr', *ARRAY_KNOBS.get(spec['kind'], ())}
+  return tuple(sorted((k, v) for k, v in spec.items() if k not in skip))
+
+
+def lr_schedule(peak, setup: Setup) -> optax.Schedule:
+  """Warmup, then a cosine to a tenth of ``peak``, over the run's microbatches (tokens)."""
+  shape = optax.warmup_cosine_decay_schedule(
+      0.0, 1.0, max(int(setup.warmup * setup.count), 1), max(setup.count, 2), end_value=0.1
+  )
+  return lambda t: peak * shape(t)  # peak may be traced: optax's schedule tests its value
+
+
+def token_scheduled(
+    gate: gates.Gate,
+    learning_rate: optax.Schedule,
+    *,
+    max_draws: Any,
+    microbatch_size: int,
+    weight_decay: float,
+    scale_by_draws: Any = None,
+) -> optax_gqc.AccumulationTransformation:
+  """AdamW behind ``gate``, its learning rate a schedule of the microbatch count.
+
+  :func:`optax_gqc.scheduled_accumulation` with ``scale_by_draws``: the
+  learning rate follows tokens, not the optimizer steps, whose pace the gate
+  decides.
+  """
+  inner = optax.inject_hyperparams(optax.adamw)(
+      learning_rate=learning_rate(0), weight_decay=weight_decay
+  )
+  tx = optax_gqc.accumulate(
+      inner,
+      gate,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      scale_by_draws=scale_by_draws,
+  )
+
+  def scheduled(state):
+    hyper = dict(state.inner_state.hyperparams)
+    lr = learning_rate(state.num_batches)
+    hyper['learning_rate'] = jnp.asarray(lr, hyper['learning_rate'].dtype)
+    return state._replace(inner_state=state.inner_state._replace(hyperparams=hyper))
+
+  return optax_gqc.AccumulationTransformation(
+      tx.init,
+      lambda g, s, p=None, **kw: tx.update(g, scheduled(s), p, **kw),
+      lambda g, s, p, **kw: tx.update_and_apply(g, scheduled(s), p, **kw),
+  )
+
+
+def make_optimizer(
+    spec: Mapping[str, Any], knobs: Mapping[str, Any], setup: Setup
+) -> optax_gqc.AccumulationTransformation:
+  """The optimizer of an arm: its gate, built from ``spec``, behind the shared recipe.
+
+  Args:
+    spec: a row of :data:`ARMS`.
+    knobs: the arm's :func:`arm_knobs`: numbers, or arrays inside the train
+      program.
+    setup: the run.
+
+  Returns:
+    The accumulation, called once per microbatch.
+  """
+  kind, mb = spec['kind'], setup.microbatch
+  if kind == 'fixed':
+    gate, max_draws = gates.batch_size_at_least(knobs['k'] * mb, mb), knobs['k']
+  elif kind == 'critical':
+    gate = gates.critical_batch(
+        spec['fraction'], microbatch_size=mb, probe_every=spec.get('probe_every', 4)
+    )
+    max_draws = spec['max_draws']
+  elif kind == 'gnts':
+    gate = gates.any_of(
+        gates.norm_below(spec['ratio'], relative=True), gates.relative_error_below(spec['eta'])
+    )
+    max_draws = spec['max_draws']
+  elif kind == 'warmup':  # the logical batch grows linearly in tokens
+    start, end, count = spec['start'], spec['end'], setup.count
+    gate = gates.batch_size_at_least(
+        lambda t: mb * (start + (end - start) * jnp.minimum(t / count, 1.0)), mb
+    )
+    max_draws = end
+  else:
+    raise ValueError(f'unknown arm kind {kind!r}')
+  return token_scheduled(
+      gate,
+      lr_schedule(knobs['lr'], setup),
+      max_draws=max_draws,
+      microbatch_size=mb,
+      weight_decay=setup.weight_decay,
+      scale_by_draws=SCALE_BY_DRAWS[spec.get('scale_by_draws')],
+  )
+
+
+# The train program: a block of microbatches in one call.
+
+
+def train_step(spec_items, graphdef, setup, params, opt_state, knobs, batch):
+  """One microbatch: the gradient, then the fused update-and-apply.
+
+  ``spec_items`` is :func:`program_spec` of the arm. Returns ``(params,
+  opt_state, loss, num_steps)``, the steps taken so far.
+  """
+  tx = make_optimizer(dict(spec_items), knobs, setup)
+  loss, grads = jax.value_and_grad(param_loss)(params, graphdef, batch)
+  params, opt_state = optax_gqc.update_and_apply(tx, grads, opt_state, params)
+  return params, opt_state, loss, opt_state.num_steps
+
+
+def train_block(spec_items, graphdef, setup, params, opt_state, knobs, batches):
+  """:func:`train_step` over a stack of microbatches, in one ``lax.scan``.
+
+  Returns ``(params, opt_state, losses, num_steps, stats)``: the loss and the
+  steps taken after each microbatch, and :func:`optax_gqc.statistics` at the
+  end of the block.
+  """
+
+  def body(carry, batch):
+    params, opt_state, loss, num_steps = train_step(
+        spec_items, graphdef, setup, *carry, knobs, batch
+    )
+    return (params, opt_state), (loss, num_steps)
+
+  (params, opt_state), (losses, num_steps) = jax.lax.scan(body, (params, opt_state), batches)
+  return params, opt_state, losses, num_steps, optax_gqc.statistics(opt_state)
+
+
+_PROGRAMS: dict[Any, Any] = {}  # compiled train blocks, by everything they bake in
+
+
+def compiled_block(spec, graphdef, setup, params, opt_state, knobs, batches, on_compile=None):
+  """:func:`train_block` compiled ahead of time (once per key), params and state donated."""
+  spec_items = program_spec(spec)
+  key = (spec_items, graphdef, setup, batches.shape, batches.dtype)
+  if key not in _PROGRAMS:
+    if on_compile is not None:
+      on_compile()
+    block = jax.jit(train_block, static_argnums=(0, 1, 2), donate_argnums=(3, 4))
+    _PROGRAMS[key] = block.lower(
+        spec_items, graphdef, setup, params, opt_state, knobs, batches
+    ).compile()
+  return _PROGRAMS[key]
+
+
+def as_arrays(knobs: Mapping[str, Any]) -> dict[str, jax.Array]:
+  return {
+      k: jnp.asarray(v, jnp.int32 if isinstance(v, int) else jnp.float32) for k, v in knobs.items()
+  }
+
+
+class Plan(NamedTuple):
+  """How a run cuts its microbatches: whole blocks, evaluated at block ends."""
+
+  count: int  # microbatches per arm
+  block: int  # microbatches per compiled call
+  evals: tuple[int, ...]  # microbatch counts after which the validation loss is taken
+
+
+def plan(tokens: int, tokens_per_microbatch: int, evals: int, block: int) -> Plan:
+  """The budget rounded down to whole blocks, with ``evals`` evaluations at block ends.
+
+  The block shrinks so that there are at least ``evals`` of them; every block
+  has the same length, so each arm's program compiles once.
+  """
+  available = tokens // tokens_per_microbatch
+  block = max(min(block, available // evals), 1)
+  blocks = available // block
+  ends = sorted({block * round(j * blocks / evals) for j in range(1, evals + 1)})
+  return Plan(block * blocks, block, tuple(ends))
+
+
+# Running the arms.
+
+
+def run_arm(
+    name: str,
+    spec: Mapping[str, Any],
+    args: argparse.Namespace,
+    size: tuple[int, int],
+    seed: int,
+    train: np.ndarray,
+    val: jax.Array,
+    run_plan: Plan,
+) -> dict[str, Any]:
+  """Trains one arm on ``train`` (microbatches) and returns its record."""
   from tqdm.auto import tqdm
 
-  model = CharTransformer(args.dim, args.layers, args.heads, args.context, nnx.Rngs(args.seed))
-  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  setup = Setup(args.microbatch, run_plan.count, args.warmup, args.weight_decay)
+  model = CharTransformer(size[0], size[1], args.heads, args.context, nnx.Rngs(seed))
+  graphdef, params = nnx.split(model, nnx.Param)
+  knobs = arm_knobs(spec, args)
+  opt_state = make_optimizer(spec, knobs, setup).init(params)
+  knobs = as_arrays(knobs)
   tokens_per_micro = args.microbatch * args.context
-  count = args.tokens // tokens_per_micro
-  eval_every = max(count // args.evals, 1)
-  curve, step_counts = [], []
+  block = run_plan.block
+
+  def batches(i):
+    return jnp.asarray(train[i * block : (i + 1) * block], jnp.int32)
+
+  # Compile (and evaluate once) before the progress bar starts its clock.
   start = time.perf_counter()
+  program = compiled_block(
+      spec,
+      graphdef,
+      setup,
+      params,
+      opt_state,
+      knobs,
+      batches(0),
+      on_compile=lambda: print(f'{name}: compiling', file=sys.stderr, flush=True),
+  )
+  initial_loss = float(eval_loss(params, graphdef, val))
+  compile_seconds = time.perf_counter() - start
+
+  start = time.perf_counter()
+  curve, trace, num_steps = [], [], []
   bar = tqdm(
-      range(count),
+      total=run_plan.count,
       desc=f'{name:8s}',
       unit='mb',
-      leave=True,
       mininterval=1.0,
       disable=args.no_progress,
+      file=sys.stderr,
   )
-  for i in bar:
-    batch = jnp.asarray(train[i], jnp.int32)
-    loss = train_step(model, optimizer, batch)
-    # A snapshot of the array ([...]; the Variable itself changes in place), kept
-    # on device: reading it back every microbatch would stall the pipeline.
-    num_steps = getattr(optimizer.opt_state, 'num_steps', None)
-    step_counts.append(i + 1 if num_steps is None else num_steps[...])
-    if (i + 1) % 50 == 0 or i + 1 == count:
-      stats = {k: float(v) for k, v in _statistics(optimizer).items()}
-      post = {'loss': f'{float(loss):.3f}', 'steps': int(stats.get('num_steps', i + 1))}
-      if 'last_num_draws' in stats:
-        post['draws'] = int(stats['last_num_draws'])
-      if 'threshold' in stats:
-        post['thr'] = f"{stats['threshold']:.3g}"
-      if math.isfinite(stats.get('noise_scale', math.nan)):
-        post['B_simple'] = f"{stats['noise_scale']:.0f}"
-      bar.set_postfix(post, refresh=False)
-    if (i + 1) % eval_every == 0 or i + 1 == count:
-      stats = {k: float(v) for k, v in _statistics(optimizer).items()}
+  with bar:
+    for i in range(run_plan.count // block):
+      params, opt_state, losses, steps, stats = program(params, opt_state, knobs, batches(i))
+      losses, steps, stats = jax.device_get((losses, steps, stats))
+      num_steps.append(steps)
+      done = (i + 1) * block
       point = {
-          'tokens': (i + 1) * tokens_per_micro,
-          'val_loss': float(eval_loss(model, val)),
-          'steps': int(stats.get('num_steps', i + 1)),
+          'tokens': done * tokens_per_micro,
+          'steps': int(steps[-1]),
+          'train_loss': float(np.mean(losses)),
+          'noise_scale': _finite(stats['noise_scale']),
       }
-      point.update(
-          {k: stats[k] for k in ('threshold', 'threshold_ratio', 'noise_scale') if k in stats}
-      )
-      curve.append(point)
-  counts = np.asarray(jax.device_get(step_counts), np.int64)
-  stepped = np.flatnonzero(np.diff(counts, prepend=0) > 0)  # microbatches that stepped
-  draws_at_steps = [
-      (int(i + 1), int(d)) for i, d in zip(stepped, np.diff(stepped, prepend=-1), strict=True)
-  ]
+      if 'target_batch_size' in stats:
+        point['target_batch_size'] = _finite(stats['target_batch_size'])
+      trace.append(point)
+      if done in run_plan.evals:
+        curve.append(
+            {
+                'tokens': done * tokens_per_micro,
+                'microbatches': done,
+                'steps': int(steps[-1]),
+                'val_loss': float(eval_loss(params, graphdef, val)),
+            }
+        )
+      bar.set_postfix(loss=f"{point['train_loss']:.3f}", steps=point['steps'], refresh=False)
+      bar.update(block)
   seconds = time.perf_counter() - start
+
+  # The microbatches each step averaged, from where the step count went up.
+  stepped = np.flatnonzero(np.diff(np.concatenate(num_steps), prepend=0) > 0)
+  draws = np.diff(stepped, prepend=-1).tolist()
   final = curve[-1]
-  noise = _statistics(optimizer).get('noise_scale')
+  noise = trace[-1]['noise_scale']
   summary = {
       'arm': name,
       'val_loss': final['val_loss'],
-      'tokens': count * tokens_per_micro,
-      'tokens_per_microbatch': tokens_per_micro,
+      'initial_val_loss': initial_loss,
+      'tokens': run_plan.count * tokens_per_micro,
+      'microbatches': run_plan.count,
       'steps': final['steps'],
-      'draws_per_step': count / max(final['steps'], 1),
+      'draws_per_step': run_plan.count / max(final['steps'], 1),
+      'num_forced': int(stats['num_forced']),
+      'noise_scale': noise,
+      'peak_lr': float(knobs['lr']),
       'seconds': seconds,
-      'noise_scale': None if noise is None or not math.isfinite(float(noise)) else float(noise),
+      'compile_seconds': compile_seconds,
   }
-  log(
-      f"{name}: val loss {summary['val_loss']:.4f}, {summary['steps']} steps, "
-      f"{summary['draws_per_step']:.2f} microbatches per step, {seconds:.0f} s"
+  print(
+      f"{name}: val loss {final['val_loss']:.4f}, {final['steps']} steps, "
+      f"{summary['draws_per_step']:.2f} microbatches per step, {seconds:.0f} s "
+      f'(+{compile_seconds:.0f} s compiling)',
+      flush=True,
   )
-  return {'summary': summary, 'curve': curve, 'draws_at_steps': draws_at_steps}
+  record = {'spec': dict(spec), 'summary': summary, 'curve': curve, 'trace': trace}
+  if spec['kind'] != 'fixed':
+    record['draws_per_step'] = draws
+  return record
 
 
-def _statistics(optimizer) -> dict[str, Any]:
-  try:
-    return optax_gqc.statistics(optimizer.opt_state)
-  except ValueError:  # the control has no accumulation
-    return {}
+def _finite(x) -> float | None:
+  x = float(x)
+  return x if math.isfinite(x) else None
 
 
-def make_arms(args, count: int, fixed_draws: int) -> dict[str, Any]:
-  """The optimizers of the three arms; ``count`` microbatches in the run."""
-  warmup = max(int(args.warmup * count), 1)
-  lr, wd = args.lr, args.weight_decay
+# The verdict.
 
-  def cosine(steps):
-    return optax.warmup_cosine_decay_schedule(
-        0.0, lr, max(int(args.warmup * steps), 1), max(steps, 2), end_value=0.1 * lr
+
+def frontier_loss_at(frontier: Sequence[tuple[float, float]], steps: float) -> float | None:
+  """The frontier's loss at ``steps``: linear in log(steps) between its neighbours.
+
+  Args:
+    frontier: ``(steps, loss)`` points, in any order.
+    steps: where to read it.
+
+  Returns:
+    The interpolated loss; None outside the frontier's range of steps (no
+    extrapolation) or with fewer than two points.
+  """
+  points = sorted(frontier)
+  if len(points) < 2 or not points[0][0] <= steps <= points[-1][0]:
+    return None
+  for (s0, l0), (s1, l1) in itertools.pairwise(points):
+    if s0 <= steps <= s1:
+      if s1 == s0:
+        return min(l0, l1)
+      w = (math.log(steps) - math.log(s0)) / (math.log(s1) - math.log(s0))
+      return l0 + w * (l1 - l0)
+  return None  # unreachable
+
+
+def seed_spread(losses: Mapping[str, Sequence[float]]) -> float | None:
+  """The seed-to-seed spread: the largest range (max - min) of an arm's final loss.
+
+  Args:
+    losses: each arm's final validation loss, one per seed.
+
+  Returns:
+    The maximum over arms of ``max - min`` over seeds (with two seeds,
+    ``|seed0 - seed1|``); None when no arm has two seeds.
+  """
+  ranges = [max(v) - min(v) for v in losses.values() if len(v) >= 2]
+  return max(ranges) if ranges else None
+
+
+def verdict(
+    frontier: Sequence[tuple[float, float]],
+    arms: Mapping[str, tuple[float, float]],
+    control: tuple[float, float] | None,
+    spread: float | None = None,
+) -> dict[str, dict[str, Any]]:
+  """Where each arm lands against the fixed-batch frontier, and against the control.
+
+  Args:
+    frontier: ``(steps, loss)`` of the fixed arms.
+    arms: ``(steps, loss)`` of the arms to judge, by name.
+    control: ``(steps, loss)`` of the control, or None.
+    spread: the seed-to-seed spread (:func:`seed_spread`), None with one seed.
+
+  Returns:
+    For each arm: ``frontier_loss`` (:func:`frontier_loss_at` the arm's
+    steps, None outside the frontier), ``margin`` (frontier minus arm:
+    positive is below the frontier, better), ``position``: ``below`` or
+    ``above`` when ``|margin|`` exceeds the spread (0 with one seed), ``on``
+    within it, ``outside`` the frontier's range; ``step_ratio`` (the arm's
+    steps over the control's) and ``near_control``: whether the arm is within
+    :data:`NEAR_CONTROL_NATS` of the control's loss with at most
+    :data:`FEW_STEPS_RATIO` times its steps.
+  """
+  out = {}
+  for name, (steps, loss) in arms.items():
+    at = frontier_loss_at(frontier, steps)
+    margin = None if at is None else at - loss
+    bar = spread or 0.0
+    if margin is None:
+      position = 'outside'
+    elif margin > bar:
+      position = 'below'
+    elif margin < -bar:
+      position = 'above'
+    else:
+      position = 'on'
+    ratio = None if control is None else steps / control[0]
+    near = (
+        control is not None and loss <= control[1] + NEAR_CONTROL_NATS and ratio <= FEW_STEPS_RATIO
     )
+    out[name] = {
+        'steps': steps,
+        'val_loss': loss,
+        'frontier_loss': at,
+        'margin': margin,
+        'position': position,
+        'spread': spread,
+        'step_ratio': ratio,
+        'vs_control': None if control is None else loss - control[1],
+        'near_control': near,
+    }
+  return out
 
-  # GNTS, torch-gqc's recipe: lr warms up over the first microbatches (each is a
-  # step early on) and stays; the threshold ratio falls from warmup_multiplier
-  # times its initial value (so early microbatches step at once), then anneals.
-  ratio = schedules.cosine_with_inverse_warmup(
-      args.initial_ratio, args.final_ratio, warmup, count, args.warmup_multiplier
+
+def verdict_line(verdicts: Mapping[str, Mapping[str, Any]], label: str = '') -> str:
+  """The verdict in one line."""
+  if not verdicts:
+    return f'verdict{label}: no adaptive arm finished'
+  parts = []
+  for name, v in verdicts.items():
+    steps = f"{v['steps']:.0f} steps"
+    if v['position'] == 'outside':
+      where = f'outside the frontier at {steps}'
+    elif v['position'] == 'on':
+      where = f"on the frontier at {steps} (margin {v['margin']:+.3f} within the spread)"
+    else:
+      where = f"{abs(v['margin']):.3f} nats {v['position']} the frontier at {steps}"
+    if v['step_ratio'] is not None:
+      where += (
+          f", {v['vs_control']:+.3f} nats vs the control with {v['step_ratio']:.2f}x its steps "
+          f"({'meets' if v['near_control'] else 'misses'} the "
+          f'{NEAR_CONTROL_NATS} nats / {FEW_STEPS_RATIO}x bar)'
+      )
+    parts.append(f'{name} {where}')
+  return f'verdict{label}: ' + '; '.join(parts)
+
+
+def _margin(arms: Mapping[str, Any], name: str) -> float | None:
+  """An arm's margin below the frontier of the fixed arms run beside it."""
+  s = {a: r['summary'] for a, r in arms.items()}
+  frontier = [(s[a]['steps'], s[a]['val_loss']) for a in FRONTIER if a in s]
+  at = frontier_loss_at(frontier, s[name]['steps'])
+  return None if at is None else at - s[name]['val_loss']
+
+
+def summarize(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[dict[str, Any]]:
+  """Per model size: each arm's mean over seeds, the spread, the frontier and the verdict.
+
+  The verdict is taken on the means, against the seed spread; each adaptive
+  arm's verdict also lists ``seed_margins``, its margin in every seed against
+  that seed's own frontier (a paired view the spread does not need).
+  """
+  out = []
+  for size in dict.fromkeys(r['size'] for r in runs):
+    group = [r for r in runs if r['size'] == size]
+    finished = [a for a in arms if any(a in r['arms'] for r in group)]
+    per_arm, losses = {}, {}
+    for a in finished:
+      summaries = [r['arms'][a]['summary'] for r in group if a in r['arms']]
+      losses[a] = [s['val_loss'] for s in summaries]
+      per_arm[a] = {
+          'val_loss': float(np.mean(losses[a])),
+          'val_loss_range': float(np.ptp(losses[a])) if len(summaries) > 1 else None,
+          'steps': float(np.mean([s['steps'] for s in summaries])),
+          'draws_per_step': float(np.mean([s['draws_per_step'] for s in summaries])),
+          'num_forced': float(np.mean([s['num_forced'] for s in summaries])),
+          'seconds': float(np.mean([s['seconds'] for s in summaries])),
+          'noise_scale': _mean_or_none([s['noise_scale'] for s in summaries]),
+          'seeds': [r['seed'] for r in group if a in r['arms']],
+      }
+    spread = seed_spread(losses)
+    frontier = [(per_arm[a]['steps'], per_arm[a]['val_loss']) for a in FRONTIER if a in per_arm]
+    control = (
+        (per_arm['control']['steps'], per_arm['control']['val_loss'])
+        if 'control' in per_arm
+        else None
+    )
+    judged = {
+        a: (per_arm[a]['steps'], per_arm[a]['val_loss']) for a in finished if a not in FRONTIER
+    }
+    verdicts = verdict(frontier, judged, control, spread)
+    for a, v in verdicts.items():  # each seed's margin against its own frontier
+      v['seed_margins'] = [_margin(r['arms'], a) for r in group if a in r['arms']]
+    seeds = sorted({r['seed'] for r in group})
+    label = f" ({size}, seed{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}"
+    label += f', spread {spread:.3f})' if spread is not None else ')'
+    out.append(
+        {
+            'size': size,
+            'seeds': seeds,
+            'arms': per_arm,
+            'spread': spread,
+            'frontier': [
+                {'arm': a, 'steps': per_arm[a]['steps'], 'val_loss': per_arm[a]['val_loss']}
+                for a in FRONTIER
+                if a in per_arm
+            ],
+            'verdict': verdicts,
+            'verdict_line': verdict_line(verdicts, label),
+        }
+    )
+  return out
+
+
+def _mean_or_none(values: Sequence[float | None]) -> float | None:
+  values = [v for v in values if v is not None]
+  return float(np.mean(values)) if values else None
+
+
+def table(summary: Mapping[str, Any]) -> list[str]:
+  """The table of one model size: every arm (means over seeds), against the frontier.
+
+  ``B_simple`` is the arm's final noise-scale estimate, in sequences: unbiased
+  from the fixed arms, whose decision to step reads no gradient.
+  """
+  seeds = summary['seeds']
+  lines = [
+      f"model {summary['size']}, seed{'s' if len(seeds) > 1 else ''} "
+      f"{','.join(map(str, seeds))}"
+      + (f", seed spread {summary['spread']:.3f} nats" if summary['spread'] is not None else ''),
+      f"{'arm':9s} {'val loss':>8s} {'range':>6s} {'opt steps':>9s} {'mb/step':>7s} "
+      f"{'forced':>6s} {'B_simple':>8s} {'frontier':>8s} {'margin':>7s} {'wall s':>6s}",
+  ]
+  for name, a in summary['arms'].items():
+    v = summary['verdict'].get(name)
+    if v is None:
+      at, margin = '-', '-'
+    elif v['frontier_loss'] is None:
+      at, margin = 'outside', '-'
+    else:
+      at, margin = f"{v['frontier_loss']:.4f}", f"{v['margin']:+.4f}"
+    spread = '-' if a['val_loss_range'] is None else f"{a['val_loss_range']:.4f}"
+    noise = '-' if a['noise_scale'] is None else f"{a['noise_scale']:.0f}"
+    lines.append(
+        f"{name:9s} {a['val_loss']:8.4f} {spread:>6s} {a['steps']:9.0f} "
+        f"{a['draws_per_step']:7.2f} {a['num_forced']:6.0f} {noise:>8s} {at:>8s} {margin:>7s} "
+        f"{a['seconds']:6.0f}"
+    )
+  return lines
+
+
+# Figures.
+
+
+def _colors(names: Sequence[str]) -> dict[str, Any]:
+  import matplotlib
+
+  blues = matplotlib.colormaps['Blues']
+  out = {a: blues(0.4 + 0.6 * i / (len(FRONTIER) - 1)) for i, a in enumerate(FRONTIER)}
+  others = [a for a in names if a not in FRONTIER]
+  out.update({a: f'C{i + 1}' for i, a in enumerate(others)})
+  return out
+
+
+def _log_axis(axis) -> None:
+  """A log scale labelled in plain numbers (100, 200), not powers of ten."""
+  from matplotlib import ticker
+
+  axis.axes.set(**{f'{axis.axis_name}scale': 'log'})
+  axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f'{v:g}'))
+  axis.set_minor_formatter(
+      ticker.FuncFormatter(lambda v, _: f'{v:g}' if f'{v:g}'[0] in '25' else '')
   )
-  gnts_gate = gates.any_of(
-      gates.norm_below(ratio, relative=True), gates.relative_error_below(args.eta)
-  )
-  # The GNTS arm's learning rate is a schedule of microbatches (tokens), not of
-  # its steps: torch-gqc's constant after warmup, or the control's own curve.
-  if args.gnts_lr == 'constant':  # make_gnts_with_cosine_annealing_schedule
-    gnts_lr = schedules.constant_with_warmup(lr, warmup)
-  else:  # ..._conventional_lr, with the control's decay
-    gnts_lr = cosine(count)
-  return {
-      'control': lambda: optax.adamw(cosine(count), weight_decay=wd),
-      'fixed': lambda: optax_gqc.sbc(
-          optax.adamw(cosine(count // fixed_draws), weight_decay=wd),
-          logical_batch_size=fixed_draws * args.microbatch,
-          microbatch_size=args.microbatch,
-          max_draws=fixed_draws,
-      ),
-      'gnts': lambda: optax_gqc.scheduled_accumulation(
-          optax.adamw,
-          gnts_gate,
-          {'learning_rate': gnts_lr},
-          max_draws=args.max_draws,
-          microbatch_size=args.microbatch,
-          weight_decay=wd,
-      ),
-  }
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
+def _frontier_axis(ax, arms: Mapping[str, Any], colors, label: bool = True, **style) -> None:
+  """Final loss against optimizer steps: the frontier as a line, the other arms as points."""
+  points = [
+      (arms[a]['summary']['steps'], arms[a]['summary']['val_loss']) for a in FRONTIER if a in arms
+  ]
+  if points:
+    s, v = zip(*sorted(points), strict=True)
+    ax.plot(s, v, '-', color='C0', lw=1.5, label='fixed-batch frontier' if label else None, **style)
+  for name, r in arms.items():
+    marker = 's' if name in FRONTIER else 'o'
+    ax.plot(
+        r['summary']['steps'],
+        r['summary']['val_loss'],
+        marker,
+        color=colors[name],
+        ms=7,
+        label=name if label else None,
+        **style,
+    )
+  _log_axis(ax.xaxis)
+  ax.set(xlabel='optimizer steps (log)', ylabel='final validation loss (nats/byte)')
+
+
+def _over_tokens(ax, points, key: str, **style) -> None:
+  """Plots ``key`` of the points that have it against their tokens."""
+  points = [p for p in points if p.get(key) is not None]
+  ax.plot([p['tokens'] for p in points], [p[key] for p in points], **style)
+
+
+def plot_curves(run: Mapping[str, Any], path: Path) -> None:
+  """The figure of one run: the frontier, the curves, the batch and the noise scale."""
   import matplotlib
 
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
 
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-  for name, r in results.items():
-    c = r['curve']
-    axes[0].plot([p['tokens'] for p in c], [p['val_loss'] for p in c], marker='.', label=name)
-  axes[0].set(xlabel='tokens', ylabel='validation loss (nats/byte)', title='validation loss')
-  axes[0].legend()
-  if 'gnts' in results:
-    g = results['gnts']
-    tokens_per_micro = g['summary']['tokens_per_microbatch']
-    steps = np.asarray(g['draws_at_steps'], np.float64)
-    if len(steps):
-      axes[1].plot(steps[:, 0] * tokens_per_micro, steps[:, 1], '.', ms=2, alpha=0.4)
-      window = max(len(steps) // 30, 1)
-      smooth = np.convolve(steps[:, 1], np.ones(window) / window, mode='valid')
-      axes[1].plot(steps[window - 1 :, 0] * tokens_per_micro, smooth, lw=2)
-    axes[1].set(xlabel='tokens', ylabel='microbatches per step', title='GNTS: draws per step')
-    c = [p for p in g['curve'] if 'threshold' in p]
-    axes[2].plot([p['tokens'] for p in c], [p['threshold'] for p in c], label='absolute norm')
-    axes[2].set(xlabel='tokens', ylabel='threshold (gradient norm)', title='GNTS: threshold')
-    twin = axes[2].twinx()
-    twin.plot(
-        [p['tokens'] for p in c],
-        [p['threshold_ratio'] for p in c],
-        'C1--',
-        label='ratio to EMA of microbatch norms',
-    )
-    twin.set_ylabel('relative threshold')
-    axes[2].legend(loc='upper right', fontsize=8)
-    twin.legend(loc='center right', fontsize=8)
+  arms = run['arms']
+  colors = _colors(list(arms))
+  fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+  ax = axes[0, 0]
+  _frontier_axis(ax, arms, colors)
+  ax.set_title('final loss against optimizer steps')
+  ax.legend(fontsize=8)
+  ax = axes[0, 1]
+  for name, r in arms.items():
+    marker = '.' if name in FRONTIER else 'o'
+    _over_tokens(ax, r['curve'], 'val_loss', marker=marker, color=colors[name], ms=4, label=name)
+  ax.set(xlabel='tokens', ylabel='validation loss (nats/byte)', title='validation loss')
+  ax.legend(fontsize=8)
+  ax = axes[1, 0]
+  first = next(iter(arms.values()))['summary']
+  tokens_per_micro = first['tokens'] / first['microbatches']
+  for name, r in arms.items():
+    draws = np.asarray(r.get('draws_per_step', []), np.float64)
+    if not len(draws):
+      continue
+    at = np.cumsum(draws) * tokens_per_micro
+    ax.plot(at, draws, '.', color=colors[name], ms=2, alpha=0.25)
+    window = max(len(draws) // 25, 1)
+    smooth = np.convolve(draws, np.ones(window) / window, mode='valid')
+    ax.plot(at[window - 1 :], smooth, color=colors[name], lw=2, label=name)
+  ax.set(
+      xlabel='tokens', ylabel='microbatches per step', title='adaptive arms: microbatches per step'
+  )
+  if ax.lines:
+    ax.legend(fontsize=8)
+  ax = axes[1, 1]
+  for name, r in arms.items():
+    if name == 'control':
+      continue
+    style = '-' if name in FRONTIER else '--'
+    _over_tokens(ax, r['trace'], 'noise_scale', ls=style, color=colors[name], lw=1, label=name)
+  if 'critical' in arms:
+    trace = arms['critical']['trace']
+    color = colors['critical']
+    _over_tokens(ax, trace, 'target_batch_size', color=color, lw=2.5, label='critical: target')
+  ax.set(
+      xlabel='tokens',
+      ylabel='sequences',
+      title='noise scale B_simple and the critical target batch',
+  )
+  if ax.lines:
+    _log_axis(ax.yaxis)
+    ax.legend(fontsize=7)
+  fig.suptitle(f"model {run['size']}, seed {run['seed']}")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
 
 
-def parse_args(argv=None):
-  p = argparse.ArgumentParser(description='Adaptive accumulation (GNTS) on real text.')
-  p.add_argument('--arms', default='control,fixed,gnts', help='comma-separated, any of these')
-  p.add_argument('--tokens', type=int, default=900_000, help='token budget per arm')
-  p.add_argument('--data', type=str, default=None, help='train on this text file instead')
-  p.add_argument('--corpus-bytes', type=int, default=3_000_000)
-  p.add_argument('--microbatch', type=int, default=8, help='sequences per microbatch')
-  p.add_argument('--context', type=int, default=64)
-  p.add_argument('--dim', type=int, default=96)
-  p.add_argument('--layers', type=int, default=3)
-  p.add_argument('--heads', type=int, default=4)
-  p.add_argument('--lr', type=float, default=3e-3)
-  p.add_argument('--weight-decay', type=float, default=0.01)
-  p.add_argument('--warmup', type=float, default=0.05, help='share of the run')
-  p.add_argument('--initial-ratio', type=float, default=0.6)
-  p.add_argument('--final-ratio', type=float, default=0.35)
-  p.add_argument('--warmup-multiplier', type=float, default=2.0)
-  p.add_argument('--eta', type=float, default=0.8, help='norm-test valve')
-  p.add_argument(
-      '--gnts-lr',
-      choices=('constant', 'cosine'),
-      default='constant',
-      help="GNTS arm's lr after warmup: torch-gqc's constant, or cosine decay",
+def plot_study(runs: Sequence[Mapping[str, Any]], summaries, path: Path) -> None:
+  """One panel per model size: every seed's frontier and arms, and their means."""
+  import matplotlib
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, len(summaries), figsize=(6.5 * len(summaries), 4.8), squeeze=False)
+  for ax, summary in zip(axes[0], summaries, strict=True):
+    group = [r for r in runs if r['size'] == summary['size']]
+    colors = _colors(list(summary['arms']))
+    for r in group:
+      _frontier_axis(ax, r['arms'], colors, label=False, alpha=0.35)
+    means = {a: {'summary': s} for a, s in summary['arms'].items()}
+    _frontier_axis(ax, means, colors)
+    ax.set_title(
+        f"model {summary['size']}: seeds {','.join(map(str, summary['seeds']))} "
+        '(faint) and their mean'
+    )
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+# The command line.
+
+
+class _Parser(argparse.ArgumentParser):
+  """Errors in one line, naming the flag; no usage block, no traceback."""
+
+  def error(self, message):
+    message = ' '.join(str(message).split())
+    self.exit(2, f'{self.prog}: error: {message} (see --help)\n')
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+  """Shows every default but None and False (flags, and defaults said in the help)."""
+
+  def _get_help_string(self, action):
+    if action.default is None or action.default is False:
+      return action.help
+    return super()._get_help_string(action)
+
+
+def _int_at_least(low: int):
+  def parse(text: str) -> int:
+    try:
+      value = int(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f'must be an integer, got {text!r}') from None
+    if value < low:
+      raise argparse.ArgumentTypeError(f'must be >= {low}, got {value}')
+    return value
+
+  return parse
+
+
+def _float_in(low: float, high: float, *, open_low: bool = False, open_high: bool = False):
+  def parse(text: str) -> float:
+    try:
+      value = float(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f'must be a number, got {text!r}') from None
+    too_low = value <= low if open_low else value < low
+    too_high = value >= high if open_high else value > high
+    if not math.isfinite(value) or too_low or too_high:
+      interval = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+      raise argparse.ArgumentTypeError(f'must be in {interval}, got {text}')
+    return value
+
+  return parse
+
+
+def _arm_list(text: str) -> tuple[str, ...]:
+  names = [a.strip() for a in text.split(',') if a.strip()]
+  unknown = [a for a in names if a not in ARMS]
+  if unknown or not names:
+    raise argparse.ArgumentTypeError(
+        f"unknown arm {', '.join(map(repr, unknown)) or repr(text)} "
+        f"(choose from {', '.join(ARMS)})"
+    )
+  return tuple(dict.fromkeys(names))
+
+
+def _seed_list(text: str) -> tuple[int, ...]:
+  try:
+    seeds = [int(s) for s in text.split(',')]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'must be comma-separated integers, got {text!r}') from None
+  if any(s < 0 for s in seeds):
+    raise argparse.ArgumentTypeError(f'seeds must be >= 0, got {text!r}')
+  return tuple(dict.fromkeys(seeds))
+
+
+def _size_list(text: str) -> tuple[tuple[int, int], ...]:
+  sizes = []
+  for item in text.split(','):
+    dim, _, layers = item.strip().lower().partition('x')
+    if not (dim.isdigit() and layers.isdigit() and int(dim) >= 1 and int(layers) >= 1):
+      raise argparse.ArgumentTypeError(
+          f'must be comma-separated WIDTHxLAYERS, each >= 1 (e.g. 96x3,64x2), got {item!r}'
+      )
+    sizes.append((int(dim), int(layers)))
+  return tuple(dict.fromkeys(sizes))
+
+
+def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
+  """The command line; every flag has its help, default and range.
+
+  With ``defaults=False`` no flag has a default, so parsing gives only the
+  flags on the command line.
+  """
+  p = _Parser(
+      prog='python -m optax_gqc.demo',
+      description=(
+          'Adaptive gradient accumulation against the fixed-batch frontier, on real text: '
+          'every arm trains the same byte-level transformer on the same microbatches, and '
+          'the verdict says whether an adaptive arm lands below the loss-against-steps curve '
+          'of fixed batches of 1, 2, 4 and 8 microbatches.'
+      ),
+      epilog=(
+          "The adaptive arms' knobs are the table ARMS in optax_gqc/demo.py. "
+          "The README's figures: python -m optax_gqc.demo --study --out docs/demo. "
+          'Ctrl-C stops, keeps the arms that finished, and exits 130. See docs/demo.md.'
+      ),
+      formatter_class=_Formatter,
   )
-  p.add_argument('--max-draws', type=int, default=32)
-  p.add_argument('--fixed-draws', type=int, default=0, help="0: the GNTS arm's mean")
-  p.add_argument('--evals', type=int, default=12)
-  p.add_argument('--seed', type=int, default=0)
-  p.add_argument('--out', type=str, default='./gqc-demo-out')
-  p.add_argument('--quick', action='store_true', help='a tiny run, for tests')
-  p.add_argument('--no-progress', action='store_true')
-  args = p.parse_args(argv)
+
+  def add(*flags, default=None, **kwargs):
+    p.add_argument(*flags, default=default if defaults else argparse.SUPPRESS, **kwargs)
+
+  add(
+      '--arms',
+      type=_arm_list,
+      default=','.join(ARMS),
+      metavar='ARM[,ARM...]',
+      help=f"arms to run, comma-separated; choices: {', '.join(ARMS)}",
+  )
+  add(
+      '--tokens',
+      metavar='N',
+      type=_int_at_least(1),
+      default=DEFAULT_TOKENS,
+      help='token budget per arm, rounded down to whole blocks of microbatches',
+  )
+  add('--data', metavar='FILE', help='train on this text file instead of the stdlib')
+  add(
+      '--corpus-bytes',
+      metavar='N',
+      type=_int_at_least(1),
+      default=3_000_000,
+      help='bytes of the stdlib corpus to read',
+  )
+  add(
+      '--microbatch', metavar='N', type=_int_at_least(1), default=8, help='sequences per microbatch'
+  )
+  add('--context', metavar='N', type=_int_at_least(1), default=64, help='bytes per sequence')
+  add('--dim', metavar='N', type=_int_at_least(1), default=96, help='model width')
+  add('--layers', metavar='N', type=_int_at_least(1), default=3, help='transformer blocks')
+  add(
+      '--heads',
+      metavar='N',
+      type=_int_at_least(1),
+      default=4,
+      help='attention heads; must divide the width',
+  )
+  add(
+      '--lr',
+      metavar='X',
+      type=_float_in(0, 1, open_low=True),
+      default=3e-3,
+      help='peak learning rate at one microbatch per step; the fixed arm of k microbatches '
+      'uses lr * sqrt(k) (frontier_lr)',
+  )
+  add(
+      '--weight-decay',
+      metavar='X',
+      type=_float_in(0, 1, open_high=True),
+      default=0.01,
+      help="AdamW's weight decay",
+  )
+  add(
+      '--warmup',
+      metavar='X',
+      type=_float_in(0, 1, open_high=True),
+      default=0.05,
+      help='share of the run in learning-rate warmup',
+  )
+  add(
+      '--max-draws',
+      metavar='N',
+      type=_int_at_least(1),
+      default=None,
+      help="the most microbatches per step of the critical and gnts arms (default: each arm's "
+      'max_draws in ARMS, 32)',
+  )
+  add(
+      '--evals',
+      metavar='N',
+      type=_int_at_least(1),
+      default=12,
+      help='validation-loss evaluations per arm',
+  )
+  add(
+      '--block',
+      metavar='N',
+      type=_int_at_least(1),
+      default=50,
+      help='microbatches per compiled call (one lax.scan)',
+  )
+  add(
+      '--seeds',
+      type=_seed_list,
+      default='0',
+      metavar='SEED[,SEED...]',
+      help='seeds of the model and the microbatch order (with --study: 0,1)',
+  )
+  add(
+      '--sizes',
+      type=_size_list,
+      default=None,
+      metavar='WxL[,WxL...]',
+      help='model sizes, width x layers, in place of --dim and --layers (default: --dim x '
+      '--layers; with --study, also two thirds the width and one layer fewer)',
+  )
+  add(
+      '--out',
+      metavar='DIR',
+      default='./gqc-demo-out',
+      help='folder for the table, JSON and figures',
+  )
+  add(
+      '--quick',
+      action='store_true',
+      default=False,
+      help='a tiny run (for tests): sets '
+      + ', '.join(
+          f"--{k.replace('_', '-')} {','.join(v) if isinstance(v, tuple) else v}"
+          for k, v in QUICK.items()
+      )
+      + ' unless given',
+  )
+  add(
+      '--study',
+      action='store_true',
+      default=False,
+      help='every arm, seeds 0,1 and two model sizes; also writes study.png',
+  )
+  add('--no-progress', action='store_true', default=False, help='no progress bars')
+  return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  """Parses and checks the command line; a bad flag exits with a one-line error."""
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  given = set(vars(build_parser(defaults=False).parse_args(argv)))
   if args.quick:
-    args.tokens, args.dim, args.layers, args.context = 40_000, 32, 1, 32
-    args.corpus_bytes, args.evals = 400_000, 4
+    for dest, value in QUICK.items():
+      if dest not in given:
+        setattr(args, dest, value)
+  if args.study and 'seeds' not in given:
+    args.seeds = STUDY_SEEDS
+  if args.sizes is None:
+    args.sizes = ((args.dim, args.layers),)
+    if args.study:
+      small = (
+          max(args.heads, 2 * args.dim // 3 // args.heads * args.heads),
+          max(args.layers - 1, 1),
+      )
+      args.sizes = tuple(dict.fromkeys([*args.sizes, small]))
+  elif {'dim', 'layers'} & given:
+    parser.error('argument --sizes: give either --sizes or --dim/--layers')
+  for dim, _ in args.sizes:
+    if dim % args.heads:
+      flag = '--sizes' if 'sizes' in given else '--dim'
+      parser.error(f'argument --heads: {args.heads} heads do not divide the width {dim} ({flag})')
+  tokens_per_micro = args.microbatch * args.context
+  need = max(args.evals, MIN_MICROBATCHES)
+  if args.tokens // tokens_per_micro < need:
+    parser.error(
+        f'argument --tokens: {args.tokens} tokens make {args.tokens // tokens_per_micro} '
+        f'microbatches of {args.microbatch} x {args.context}; need at least {need} '
+        f'(--evals, and {MIN_MICROBATCHES} so that every fixed arm steps)'
+    )
+  min_bytes = 10 * (args.context + 2)  # the held-out 10% must hold a window
+  if args.data is None:
+    available = len(stdlib_corpus(args.corpus_bytes)[0])
+    if available < min_bytes:
+      parser.error(
+          f'argument --corpus-bytes: {available} bytes of stdlib source; need at least '
+          f'{min_bytes} (10 x (--context + 2), for the held-out 10%), or give --data FILE'
+      )
+  else:
+    problem = _data_problem(Path(args.data), min_bytes)
+    if problem:
+      parser.error(f'argument --data: {problem}')
+  problem = _out_problem(Path(args.out))
+  if problem:
+    parser.error(f'argument --out: {problem}')
   return args
 
 
-def main(argv=None) -> dict[str, Any]:
-  args = parse_args(argv)
-  arms = [a.strip() for a in args.arms.split(',') if a.strip()]
-  unknown = set(arms) - {'control', 'fixed', 'gnts'}
-  if unknown:
-    raise SystemExit(f'unknown arms: {sorted(unknown)}')
-  out = Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
+def _data_problem(path: Path, min_bytes: int) -> str | None:
+  """Why ``path`` cannot be the training text, or None."""
+  if not path.exists():
+    return f'no such file: {path}'
+  if path.is_dir():
+    return f'{path} is a directory, not a text file'
+  if not path.is_file():
+    return f'{path} is not a regular file'
+  try:
+    data = path.read_bytes()
+  except OSError as e:
+    return f'cannot read {path}: {e.strerror or e}'
+  if not data:
+    return f'{path} is empty'
+  if len(data) < min_bytes:
+    return (
+        f'{path} holds {len(data)} bytes; need at least {min_bytes} '
+        '(10 x (--context + 2), for the held-out 10%)'
+    )
+  if b'\0' in data:
+    return f'{path} looks binary (it holds NUL bytes); give a text file'
+  invalid = len(data) - len(data.decode('utf-8', 'ignore').encode('utf-8'))
+  if invalid > 0.05 * len(data):
+    return f'{path} is not text: {invalid / len(data):.0%} of its bytes are not UTF-8'
+  return None
+
+
+def _out_problem(path: Path) -> str | None:
+  """Why ``path`` cannot be the output folder (creating it if missing), or None."""
+  if path.exists() and not path.is_dir():
+    return f'{path} is a file, not a folder'
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    return f'cannot create {path}: {e.strerror or e}'
+  if not os.access(path, os.W_OK):
+    return f'cannot write into {path}'
+  return None
+
+
+# The main job.
+
+
+def load_corpus(args: argparse.Namespace) -> tuple[np.ndarray, list[str]]:
   if args.data:
     text, source = Path(args.data).read_bytes(), [args.data]
   else:
     text, source = stdlib_corpus(args.corpus_bytes)
-  data = np.frombuffer(text, np.uint8).astype(np.int32)
+  return np.frombuffer(text, np.uint8).astype(np.int32), source
+
+
+def _size_name(size: tuple[int, int]) -> str:
+  return f'{size[0]}x{size[1]}'
+
+
+def run_all(args, data, run_plan, runs: list) -> None:
+  """Every size, seed and arm, appending to ``runs`` as arms finish (so Ctrl-C keeps them)."""
   split = int(0.9 * len(data))
-  count = args.tokens // (args.microbatch * args.context)
-  train = sample_batches(data[:split], count, args.microbatch, args.context, args.seed)
-  val = jnp.asarray(sample_batches(data[split:], 4, 32, args.context, args.seed + 1))
-  model_params = sum(
-      x.size
-      for x in jax.tree.leaves(
-          nnx.state(
-              CharTransformer(args.dim, args.layers, args.heads, args.context, nnx.Rngs(0)),
-              nnx.Param,
-          )
-      )
-  )
-  print(
-      f'{len(text) / 1e6:.2f} MB of text ({len(source)} files), {model_params / 1e6:.2f}M '
-      f'parameters, microbatch {args.microbatch} x {args.context} bytes, '
-      f'{count} microbatches per arm'
-  )
+  val = sample_batches(data[split:], VAL_BATCHES * VAL_SEQUENCES, 1, args.context, VAL_SEED)
+  val = jnp.asarray(val.reshape(VAL_BATCHES, VAL_SEQUENCES, -1), jnp.int32)
+  for size in args.sizes:
+    model = CharTransformer(size[0], size[1], args.heads, args.context, nnx.Rngs(0))
+    parameters = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    for seed in args.seeds:
+      train = sample_batches(data[:split], run_plan.count, args.microbatch, args.context, seed)
+      print(f'model {_size_name(size)} ({parameters / 1e6:.2f}M parameters), seed {seed}')
+      run = {'size': _size_name(size), 'parameters': parameters, 'seed': seed, 'arms': {}}
+      runs.append(run)
+      for name in args.arms:
+        spec = dict(ARMS[name])
+        if args.max_draws is not None and 'max_draws' in spec:
+          spec['max_draws'] = args.max_draws
+        run['arms'][name] = run_arm(name, spec, args, size, seed, train, val, run_plan)
 
-  results, log_lines = {}, []
-  log = lambda line: (log_lines.append(line), print(line))  # noqa: E731
-  order = [a for a in ('gnts', 'control', 'fixed') if a in arms]  # gnts first: fixed needs it
-  fixed_draws = args.fixed_draws or 4
-  for name in order:
-    if name == 'fixed' and not args.fixed_draws and 'gnts' in results:
-      fixed_draws = max(round(results['gnts']['summary']['draws_per_step']), 1)
-    tx = make_arms(args, count, fixed_draws)[name]()
-    results[name] = run_arm(name, tx, args, train, val, log)
 
-  # The fixed arm's noise scale: its decision does not read the gradients, so
-  # the estimate is unbiased (GNTS's stopping rule biases its own upwards).
-  noise_arm = next((a for a in ('fixed', 'gnts') if a in results), None)
-  noise = results[noise_arm]['summary']['noise_scale'] if noise_arm else None
-  header = (
-      f"{'arm':8s} {'val loss':>9s} {'tokens':>10s} {'opt steps':>10s} "
-      f"{'draws/step':>11s} {'wall s':>7s}"
-  )
-  table = [header] + [
-      f"{r['summary']['arm']:8s} {r['summary']['val_loss']:9.4f} {r['summary']['tokens']:10d} "
-      f"{r['summary']['steps']:10d} {r['summary']['draws_per_step']:11.2f} "
-      f"{r['summary']['seconds']:7.0f}"
-      for r in (results[a] for a in arms if a in results)
-  ]
-  print('\n' + '\n'.join(table))
-  if noise is not None:
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  """Runs the demo; returns what it writes to ``results.json``."""
+  args = parse_args(argv)
+  out = Path(args.out)
+  runs: list[dict[str, Any]] = []
+  interrupted, source, run_plan = False, [], None
+  try:
+    data, source = load_corpus(args)
+    tokens_per_micro = args.microbatch * args.context
+    run_plan = plan(args.tokens, tokens_per_micro, args.evals, args.block)
     print(
-        f'noise scale B_simple (from the {noise_arm} arm): {noise:.0f} sequences of '
-        f'{args.context} bytes; microbatch: {args.microbatch} sequences; fixed arm: '
-        f'{fixed_draws} microbatches per step'
+        f'{len(data) / 1e6:.2f} MB of text ({len(source)} files); {len(args.arms)} arms x '
+        f'{len(args.seeds)} seeds x {len(args.sizes)} sizes; {run_plan.count} microbatches of '
+        f'{args.microbatch} x {args.context} bytes per arm ({run_plan.count * tokens_per_micro} '
+        f'tokens), in blocks of {run_plan.block}'
     )
-  plot(results, out / 'curves.png')
+    run_all(args, data, run_plan, runs)
+  except KeyboardInterrupt:  # the arm cut short was never added
+    interrupted = True
+    runs = [r for r in runs if r['arms']]
+  if not runs:
+    print('interrupted: no arm finished, nothing written', file=sys.stderr)
+    raise SystemExit(130)
+
+  summaries = summarize(runs, args.arms)
+  lines = []
+  for s in summaries:
+    lines += [*table(s), s['verdict_line'], '']
+  first = runs[0]
   payload = {
-      'config': vars(args),
+      'config': {**vars(args), 'count': run_plan.count, 'block': run_plan.block},
       'corpus_files': source,
-      'parameters': model_params,
-      'fixed_draws': fixed_draws,
-      'noise_scale_sequences': noise,
-      'noise_scale_arm': noise_arm,
-      'table': table,
-      'arms': results,
+      'interrupted': interrupted,
+      'arms': first['arms'],
+      'frontier': summaries[0]['frontier'],
+      'verdict': {s['size']: s['verdict'] for s in summaries},
+      'verdict_lines': [s['verdict_line'] for s in summaries],
+      'summary': summaries,
+      'runs': runs,
       'device': jax.devices()[0].platform,
   }
+  plot_curves(first, out / 'curves.png')
+  written = ['table.txt', 'results.json', 'curves.png']
+  if args.study:
+    plot_study(runs, summaries, out / 'study.png')
+    written.append('study.png')
   (out / 'results.json').write_text(json.dumps(payload, indent=1))
-  (out / 'table.txt').write_text('\n'.join(table) + '\n')
-  print(f'wrote {out / "curves.png"}, {out / "results.json"}')
+  (out / 'table.txt').write_text('\n'.join(lines))
+  print('\n' + '\n'.join(lines[:-1]))
+  print(f"wrote {', '.join(str(out / w) for w in written)}")
+  if interrupted:
+    print(
+        f'interrupted: kept the arms that finished ({sum(len(r["arms"]) for r in runs)})',
+        file=sys.stderr,
+    )
+    raise SystemExit(130)
   return payload
 
 
 if __name__ == '__main__':
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   main()
