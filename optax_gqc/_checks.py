@@ -58,3 +58,24 @@ def check_positive_int(name: str, value: Any) -> None:
     raise TypeError(f'{name} must be an integer, got {value!r}')
   if value < 1:
     raise ValueError(f'{name} must be >= 1, got {value}')
+
+
+def check_draws_reach_batch(
+    logical_batch_size: Any, microbatch_size: int, max_draws: Any, name: str = 'logical_batch_size'
+) -> None:
+  """Raises if ``max_draws`` would force every step before a constant batch is reached.
+
+  Schedules and traced values pass: their largest value is not known here.
+  """
+  if max_draws is None or callable(logical_batch_size):
+    return
+  size = _concrete_float(name, logical_batch_size)
+  if size is None or isinstance(max_draws, jax.core.Tracer) or math.isinf(size):
+    return
+  needed = math.ceil(size / microbatch_size)
+  if max_draws < needed:
+    raise ValueError(
+        f'max_draws ({max_draws}) is below the {needed} microbatches of {microbatch_size} '
+        f'examples that {name} ({size:g}) needs: every step would be forced by max_draws. '
+        f'Pass max_draws >= {needed}, or max_draws=None for no limit'
+    )
