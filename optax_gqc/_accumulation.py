@@ -15,8 +15,10 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._noise_scale import noise_scale_estimates
+from optax_gqc._noise_scale import NoiseScaleState, noise_scale_estimates
 from optax_gqc._numerics import rounded, sq_norm
+from optax_gqc._scale_to_norm import ScaleToNormState
+from optax_gqc._sgd_sai import ScaleByGsnrState, SgdSaiMomentumState
 from optax_gqc.gates import DrawStats, Gate
 
 
@@ -433,8 +435,11 @@ def _is_variable(x: Any) -> bool:
 
 
 def _flat_gate_stats(gate_state: Any, out: dict[str, jax.Array]) -> None:
+  """Adds the gate's reported entries to ``out``; those named ``_*`` are its own."""
   if isinstance(gate_state, dict):
     for key, value in gate_state.items():
+      if key.startswith('_'):
+        continue
       name, i = key, 1
       while name in out:
         name, i = f'{key}_{i}', i + 1
@@ -444,50 +449,18 @@ def _flat_gate_stats(gate_state: Any, out: dict[str, jax.Array]) -> None:
       _flat_gate_stats(sub, out)
 
 
-def statistics(state: Any) -> dict[str, jax.Array]:
-  r"""Returns the accumulation statistics of an optimizer state, for logging.
+def _ratio_of_emas(grad_sq_norm_ema, trace_cov_ema, noise_weight, examples=1.0):
+  """The bias-corrected noise-scale estimates: NaN until an estimate exists."""
+  weight = jnp.where(noise_weight > 0, noise_weight, jnp.nan)
+  out = {
+      'grad_sq_norm_est': grad_sq_norm_ema / weight,
+      'trace_cov_est': trace_cov_ema / weight * examples,
+  }
+  out['noise_scale'] = out['trace_cov_est'] / out['grad_sq_norm_est']
+  return out
 
-  Finds the :class:`AccumulateState` wherever it sits in a nested optimizer
-  state (inside ``optax.chain``, ``optax.inject_hyperparams``, or the
-  ``opt_state`` of a Flax ``nnx.Optimizer``); with several, the first one in
-  traversal order. Works under ``jax.jit``.
 
-  Args:
-    state: an optimizer state that contains an accumulation state.
-
-  Returns:
-    A dict of 0-d arrays: ``num_draws``, ``num_batches``, ``num_steps``,
-    ``num_skipped``, ``num_forced``, ``last_num_draws``, ``last_grad_norm``,
-    ``acc_norm`` (the norm of the current mean gradient), ``microbatch_size``
-    (0 when not given); the noise scale ``noise_scale``
-    (:math:`B_\text{simple}`) with its parts ``grad_sq_norm_est`` and
-    ``trace_cov_est`` (bias-corrected EMAs; NaN until a step has averaged
-    two microbatches); and the gate's current hyperparameters (e.g.
-    ``threshold``). A gate entry whose name is taken gets a suffix ``_1``,
-    ``_2``, ...
-
-  ``num_forced`` counts the steps that ``max_draws`` forced while the gate was
-  closed. A few are normal (a noisy stretch); if it grows with ``num_steps``,
-  the gate is starved: its threshold is out of reach for this model (an
-  absolute threshold below the gradient norms it sees, say), and the run is
-  in effect a fixed accumulation of ``max_draws`` microbatches. Use a relative
-  threshold (the default of :func:`optax_gqc.gnts`), raise the threshold, or
-  combine the gate with :func:`optax_gqc.gates.relative_error_below` through
-  :func:`optax_gqc.gates.any_of`.
-
-  Raises:
-    ValueError: if ``state`` holds no accumulation state.
-  """
-  found = [
-      s
-      for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, AccumulateState))
-      if isinstance(s, AccumulateState)
-  ]
-  if not found:
-    raise ValueError('statistics: the optimizer state holds no accumulation state')
-  s = jax.tree.map(
-      lambda x: x.get_value() if _is_variable(x) else x, found[0], is_leaf=_is_variable
-  )
+def _accumulation_report(s: AccumulateState) -> dict[str, jax.Array]:
   out = {
       name: getattr(s, name)
       for name in (
@@ -504,9 +477,133 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   }
   # The EMAs are in microbatches; in examples where the microbatch size is known.
   examples = jnp.where(s.microbatch_size > 0, s.microbatch_size, 1).astype(jnp.float32)
-  weight = jnp.where(s.noise_weight > 0, s.noise_weight, jnp.nan)
-  out['grad_sq_norm_est'] = s.grad_sq_norm_ema / weight
-  out['trace_cov_est'] = s.trace_cov_ema / weight * examples
-  out['noise_scale'] = out['trace_cov_est'] / out['grad_sq_norm_est']
+  out.update(_ratio_of_emas(s.grad_sq_norm_ema, s.trace_cov_ema, s.noise_weight, examples))
   _flat_gate_stats(s.gate_state, out)
+  return out
+
+
+def _scale_to_norm_report(s: ScaleToNormState) -> dict[str, jax.Array]:
+  return {'num_steps': s.count, 'target': s.target, 'grad_norm': s.grad_norm}
+
+
+def _noise_scale_report(s: NoiseScaleState) -> dict[str, jax.Array]:
+  # Its estimates are in examples already when its microbatch size is known.
+  out = _ratio_of_emas(s.grad_sq_norm_ema, s.trace_cov_ema, s.noise_weight)
+  out['noise_scale'] = s.noise_scale  # the same ratio, as the state holds it
+  return out
+
+
+def _gsnr_report(s: ScaleByGsnrState) -> dict[str, jax.Array]:
+  computed = [jnp.asarray(c) for c in jax.tree.leaves(s.computed)]
+  if not computed:  # no parameters
+    nan = jnp.full([], jnp.nan, jnp.float32)
+    return {'gsnr_min': nan, 'gsnr_max': nan, 'num_pending_gsnr': jnp.zeros([], jnp.int32)}
+  computed = jnp.stack(computed)
+  gsnr = jnp.stack([jnp.asarray(g) for g in jax.tree.leaves(s.gsnr)])
+  some = jnp.any(computed)
+  return {
+      'gsnr_min': jnp.where(some, jnp.min(jnp.where(computed, gsnr, jnp.inf)), jnp.nan),
+      'gsnr_max': jnp.where(some, jnp.max(jnp.where(computed, gsnr, -jnp.inf)), jnp.nan),
+      'num_pending_gsnr': jnp.sum(~computed, dtype=jnp.int32),
+  }
+
+
+def _momentum_report(s: SgdSaiMomentumState) -> dict[str, jax.Array]:
+  return {'num_steps': s.count}
+
+
+# What statistics reports of each state the library creates, in this order of
+# precedence where two report the same name.
+_REPORTS = {
+    AccumulateState: _accumulation_report,
+    ScaleToNormState: _scale_to_norm_report,
+    NoiseScaleState: _noise_scale_report,
+    ScaleByGsnrState: _gsnr_report,
+    SgdSaiMomentumState: _momentum_report,
+}
+
+
+def _find_states(state: Any) -> list[Any]:
+  """The library's states in ``state``, in traversal order; inner states of accumulations too."""
+
+  def known(x):
+    return isinstance(x, tuple(_REPORTS))
+
+  found = []
+  for x in jax.tree.leaves(state, is_leaf=known):
+    if known(x):
+      found.append(x)
+      if isinstance(x, AccumulateState):
+        found.extend(_find_states(x.inner_state))
+  return found
+
+
+def statistics(state: Any) -> dict[str, jax.Array]:
+  r"""Returns what an optimizer state holds to log: counters, hyperparameters, estimates.
+
+  Finds the states of optax_gqc's transformations wherever they sit in a
+  nested optimizer state (inside ``optax.chain``, ``optax.inject_hyperparams``,
+  an accumulation's inner state, or the ``opt_state`` of a Flax
+  ``nnx.Optimizer``), and reports each as below. Where two report the same
+  name, an accumulation's entry comes first, then the others in traversal
+  order; pass a part of the state (``statistics(state[0])``) to read
+  another. Works under ``jax.jit``.
+
+  An accumulation (:func:`accumulate`, and every optimizer and recipe built on
+  it) reports ``num_draws``, ``num_batches``, ``num_steps``,
+  ``num_skipped``, ``num_forced``, ``last_num_draws``, ``last_grad_norm``,
+  ``acc_norm`` (the norm of the current mean gradient), ``microbatch_size``
+  (0 when not given); the noise scale ``noise_scale``
+  (:math:`B_\text{simple}`) with its parts ``grad_sq_norm_est`` and
+  ``trace_cov_est`` (bias-corrected EMAs; NaN until a step has averaged
+  two microbatches); and the gate's reported entries: its current
+  hyperparameters (e.g. ``threshold``), estimates and counters, but not the
+  running sums it keeps for itself (see :class:`~optax_gqc.gates.Gate`). A
+  gate entry whose name is taken gets a suffix ``_1``, ``_2``, ...
+
+  :func:`scale_to_norm` (and so :func:`gnr` and its recipes) reports
+  ``num_steps``, ``target`` (the target norm at the latest update) and
+  ``grad_norm`` (the gradient's norm before rescaling). :func:`noise_scale`
+  reports ``noise_scale``, ``grad_sq_norm_est`` and ``trace_cov_est``.
+  :func:`scale_by_gsnr` (and so :func:`sgd_sai`) reports ``gsnr_min`` and
+  ``gsnr_max`` over the leaves that have their g-SNR (NaN while none has),
+  ``num_pending_gsnr``, the leaves still waiting for a non-zero gradient,
+  and, in :func:`sgd_sai`, ``num_steps``; the per-leaf factors are in
+  ``optax.tree.get(state, 'gsnr')``.
+
+  ``num_forced`` counts the steps that ``max_draws`` forced while the gate was
+  closed. A few are normal (a noisy stretch); if it grows with ``num_steps``,
+  the gate is starved: its threshold is out of reach for this model (an
+  absolute threshold below the gradient norms it sees, say), and the run is
+  in effect a fixed accumulation of ``max_draws`` microbatches. Use a relative
+  threshold (the default of :func:`optax_gqc.gnts`), raise the threshold, or
+  combine the gate with :func:`optax_gqc.gates.relative_error_below` through
+  :func:`optax_gqc.gates.any_of`.
+
+  Args:
+    state: an optimizer state that holds a state of optax_gqc.
+
+  Returns:
+    A dict of 0-d arrays.
+
+  Raises:
+    ValueError: if ``state`` holds no state that optax_gqc reports on (a
+      plain ``optax.adam`` state, say).
+  """
+  state = jax.tree.map(
+      lambda x: x.get_value() if _is_variable(x) else x, state, is_leaf=_is_variable
+  )
+  found = _find_states(state)
+  if not found:
+    raise ValueError(
+        'statistics: the optimizer state holds no state of optax_gqc to report on. Pass the '
+        'state of an accumulation (accumulate, gnts, sbc, ... and their recipes), gnr or '
+        'scale_to_norm, noise_scale, or sgd_sai / scale_by_gsnr; got '
+        f'{type(state).__name__}'
+    )
+  found.sort(key=lambda x: not isinstance(x, AccumulateState))  # stable: accumulations first
+  out = {}
+  for s in found:
+    for name, value in _REPORTS[type(s)](s).items():
+      out.setdefault(name, value)
   return out

@@ -52,10 +52,20 @@ class DrawStats(NamedTuple):
 class Gate(NamedTuple):
   """A decision rule: when is the accumulated mean gradient good enough?
 
+  The gate state is a dict of 0-d arrays whose structure and dtypes are fixed
+  by ``init`` (a combination of gates, :func:`any_of` or :func:`all_of`, holds
+  a tuple of its gates' dicts). Its names say who reads them:
+
+  - a plain name (``threshold``, ``loss_ema``, ``target_batch_size``) is for
+    the user: the current value of a hyperparameter, an estimate, or a
+    counter. :func:`optax_gqc.statistics` reports it, and
+    ``optax.tree.get(state, name)`` finds it;
+  - a name that begins with an underscore (``_loss_m2``) is the gate's own:
+    a running sum it needs for its next decision, which means nothing
+    outside it. :func:`optax_gqc.statistics` leaves it out.
+
   Attributes:
-    init: ``() -> gate_state``, a pytree of scalars fixed at ``init``. By
-      convention a dict whose entries include the gate's current
-      hyperparameters (e.g. ``threshold``), so :func:`statistics` reports them.
+    init: ``() -> gate_state``, the dict above.
     update: ``(stats, gate_state, **extra_args) -> (step, gate_state)`` with
       ``stats`` a :class:`DrawStats` and ``step`` a boolean scalar.
   """
@@ -274,7 +284,7 @@ def critical_batch(
     return {
         'fraction': _value_at(fraction, jnp.zeros([], jnp.int32)),
         'target_batch_size': jnp.array(bootstrap_draws * microbatch_size, jnp.float32),
-        'steps_since_probe': jnp.zeros([], jnp.int32),
+        '_steps_since_probe': jnp.zeros([], jnp.int32),
     }
 
   def update(stats, gate_state, **extra_args):
@@ -282,13 +292,13 @@ def critical_batch(
     f = _value_at(fraction, stats.num_batches)
     target = jnp.clip(f * stats.noise_scale * microbatch_size, lower, upper)
     target = jnp.where(jnp.isnan(stats.noise_scale), bootstrap_draws * microbatch_size, target)
-    since = gate_state['steps_since_probe']
+    since = gate_state['_steps_since_probe']
     if probe_every:
       probe = (target < 2 * microbatch_size) & (since + 1 >= probe_every)
       target = jnp.where(probe, 2.0 * microbatch_size, target)
     step = stats.num_draws * microbatch_size >= target
     since = jnp.where(step, jnp.where(stats.num_draws >= 2, 0, since + 1), since)
-    return step, {'fraction': f, 'target_batch_size': target, 'steps_since_probe': since}
+    return step, {'fraction': f, 'target_batch_size': target, '_steps_since_probe': since}
 
   return Gate(init, update)
 
@@ -331,19 +341,19 @@ def noise_ratio_below(tolerance: optax.ScalarOrSchedule) -> Gate:
     zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
     return {
         'tolerance': _value_at(tolerance, jnp.zeros([], jnp.int32)),
-        'norm_mean': zero(),
-        'norm_m2': zero(),
+        '_norm_mean': zero(),
+        '_norm_m2': zero(),
     }
 
   def update(stats, gate_state, **extra_args):
     del extra_args
     n = stats.num_draws
-    mean, m2 = _welford(gate_state['norm_mean'], gate_state['norm_m2'], stats.grad_norm, n)
+    mean, m2 = _welford(gate_state['_norm_mean'], gate_state['_norm_m2'], stats.grad_norm, n)
     variance = m2 / jnp.maximum(n - 1, 1)
     mean_sq = jnp.square(mean) + m2 / n
     tol = _value_at(tolerance, stats.num_batches)
     step = (n >= 2) & (variance / (mean_sq + 1e-8) <= n * tol)
-    return step, {'tolerance': tol, 'norm_mean': mean, 'norm_m2': m2}
+    return step, {'tolerance': tol, '_norm_mean': mean, '_norm_m2': m2}
 
   return Gate(init, update)
 
@@ -399,8 +409,8 @@ def loss_interval(
         'confidence': _value_at(confidence, t0),
         'percent_error': _value_at(percent_error, t0),
         'loss_ema': jnp.full([], jnp.nan, jnp.float32),  # NaN: no loss seen yet
-        'loss_mean': zero(),
-        'loss_m2': zero(),
+        '_loss_mean': zero(),
+        '_loss_m2': zero(),
     }
 
   def update(stats, gate_state, *, value=None, **extra_args):
@@ -413,7 +423,7 @@ def loss_interval(
     n = stats.num_draws
     ema = gate_state['loss_ema']
     ema = jnp.where(jnp.isnan(ema), loss, ema * decay + loss * (1.0 - decay))
-    mean_l, m2_l = _welford(gate_state['loss_mean'], gate_state['loss_m2'], loss, n)
+    mean_l, m2_l = _welford(gate_state['_loss_mean'], gate_state['_loss_m2'], loss, n)
     # The n losses together with the EMA: n + 1 values, n degrees of freedom.
     mean = (n * mean_l + ema) / (n + 1)
     m2 = m2_l + n / (n + 1) * jnp.square(ema - mean_l)
@@ -426,8 +436,8 @@ def loss_interval(
         'confidence': conf,
         'percent_error': error,
         'loss_ema': ema,
-        'loss_mean': mean_l,
-        'loss_m2': m2_l,
+        '_loss_mean': mean_l,
+        '_loss_m2': m2_l,
     }
 
   return Gate(init, update)

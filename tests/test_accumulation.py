@@ -268,7 +268,7 @@ def test_statistics_reports_gate_hyperparameters_by_schedule():
 
 
 def test_statistics_needs_an_accumulation_state():
-  with pytest.raises(ValueError, match='no accumulation state'):
+  with pytest.raises(ValueError, match='no state of optax_gqc'):
     optax_gqc.statistics(optax.adam(1e-3).init(PARAMS))
 
 
