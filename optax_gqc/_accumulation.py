@@ -30,6 +30,9 @@ class AccumulateState(NamedTuple):
   num_steps: jax.Array  # int32: inner optimizer steps taken.
   num_skipped: jax.Array  # int32: microbatches rejected for a non-finite norm.
   num_forced: jax.Array  # int32: steps forced by max_draws with the gate closed.
+  # int32: microbatches at which a traced max_draws was below 1 or a traced
+  # noise_decay outside [0, 1) (replaced as accumulate says).
+  num_bad_hyperparams: jax.Array
   last_num_draws: jax.Array  # int32: microbatches averaged at the last step.
   last_grad_norm: jax.Array  # float32: ||gbar|| at the last step.
   sum_sq_norms: jax.Array  # float32: sum_i ||g_i||^2 over the accumulation.
@@ -152,7 +155,8 @@ def accumulate(
     gate: the decision rule, e.g. :func:`optax_gqc.gates.norm_below`.
     max_draws: the most microbatches accumulated before a step is forced;
       None for no limit. It may be traced, so ``optax.inject_hyperparams`` can
-      change it mid-run.
+      change it mid-run; a traced value below 1 is taken as 1 (a step on every
+      microbatch) and counted in ``num_bad_hyperparams``.
     microbatch_size: examples per microbatch; used to report the noise scale
       in examples. Optional.
     accumulator_dtype: dtype of the accumulator. None (the default) means
@@ -161,7 +165,9 @@ def accumulate(
       ``jnp.float32``, because ``optax.inject_hyperparams`` would take a dtype,
       a callable, for a schedule.)
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
-    noise_decay: EMA decay of the noise-scale estimates (see below).
+    noise_decay: EMA decay of the noise-scale estimates (see below), in
+      [0, 1); a traced value outside it leaves the estimates as they are, and
+      counts in ``num_bad_hyperparams``.
     scale_by_draws: optional function of :math:`n` (an int32 scalar) by which
       the inner updates are multiplied at a step that averaged :math:`n`
       microbatches: the step then follows the batch. ``jnp.sqrt`` is the usual
@@ -243,6 +249,7 @@ def accumulate(
         num_steps=zero_i(),
         num_skipped=zero_i(),
         num_forced=zero_i(),
+        num_bad_hyperparams=zero_i(),
         last_num_draws=zero_i(),
         last_grad_norm=zero_f(),
         sum_sq_norms=zero_f(),
@@ -291,7 +298,11 @@ def accumulate(
         ),
     )
     gate_step, gate_state = gate.update(stats, state.gate_state, **extra_args)
-    forced = ok & ~gate_step & (n >= max_draws)
+    # max_draws and noise_decay may be traced (optax.inject_hyperparams), where
+    # jit cannot raise on a bad value: it is replaced, and counted.
+    draws_ok = jnp.asarray(max_draws) >= 1
+    decay_ok = (jnp.asarray(noise_decay) >= 0) & (jnp.asarray(noise_decay) < 1)
+    forced = ok & ~gate_step & (n >= jnp.maximum(max_draws, 1))
     step = ok & (gate_step | forced)
 
     grad_dtypes = jax.tree.map(lambda g: g.dtype, updates)
@@ -336,7 +347,7 @@ def accumulate(
     grad_sq_est, trace_est = noise_scale_estimates(
         1.0, stats.sum_sq_norms / n, n, jnp.square(acc_norm)
     )
-    fold = step & (n >= 2)
+    fold = step & (n >= 2) & decay_ok
 
     def ema(old, new):
       return jnp.where(fold, noise_decay * old + (1.0 - noise_decay) * new, old)
@@ -348,6 +359,7 @@ def accumulate(
         num_steps=state.num_steps + step,
         num_skipped=state.num_skipped + ~ok,
         num_forced=state.num_forced + forced,
+        num_bad_hyperparams=state.num_bad_hyperparams + (ok & ~(draws_ok & decay_ok)),
         last_num_draws=pick(n, state.last_num_draws, state.last_num_draws),
         last_grad_norm=pick(acc_norm, state.last_grad_norm, state.last_grad_norm),
         sum_sq_norms=pick(zero_f, stats.sum_sq_norms, state.sum_sq_norms),
@@ -434,19 +446,30 @@ def _is_variable(x: Any) -> bool:
   return hasattr(x, 'get_value') and not isinstance(x, jax.Array)
 
 
-def _flat_gate_stats(gate_state: Any, out: dict[str, jax.Array]) -> None:
-  """Adds the gate's reported entries to ``out``; those named ``_*`` are its own."""
+def _gate_entries(gate_state: Any):
+  """The ``(name, value)`` entries of a gate state, of combined gates' too."""
   if isinstance(gate_state, dict):
-    for key, value in gate_state.items():
-      if key.startswith('_'):
-        continue
-      name, i = key, 1
-      while name in out:
-        name, i = f'{key}_{i}', i + 1
-      out[name] = value
+    yield from gate_state.items()
   elif isinstance(gate_state, tuple | list):
     for sub in gate_state:
-      _flat_gate_stats(sub, out)
+      yield from _gate_entries(sub)
+
+
+def _flat_gate_stats(gate_state: Any, out: dict[str, jax.Array]) -> None:
+  """Adds the gate's reported entries to ``out``; those named ``_*`` are its own.
+
+  Every gate's ``num_bad_hyperparams`` adds to the one in ``out``.
+  """
+  for key, value in _gate_entries(gate_state):
+    if key == 'num_bad_hyperparams':
+      out[key] = out[key] + value
+      continue
+    if key.startswith('_'):
+      continue
+    name, i = key, 1
+    while name in out:
+      name, i = f'{key}_{i}', i + 1
+    out[name] = value
 
 
 def _ratio_of_emas(grad_sq_norm_ema, trace_cov_ema, noise_weight, examples=1.0):
@@ -469,6 +492,7 @@ def _accumulation_report(s: AccumulateState) -> dict[str, jax.Array]:
           'num_steps',
           'num_skipped',
           'num_forced',
+          'num_bad_hyperparams',
           'last_num_draws',
           'last_grad_norm',
           'acc_norm',
@@ -551,7 +575,8 @@ def statistics(state: Any) -> dict[str, jax.Array]:
 
   An accumulation (:func:`accumulate`, and every optimizer and recipe built on
   it) reports ``num_draws``, ``num_batches``, ``num_steps``,
-  ``num_skipped``, ``num_forced``, ``last_num_draws``, ``last_grad_norm``,
+  ``num_skipped``, ``num_forced``, ``num_bad_hyperparams``,
+  ``last_num_draws``, ``last_grad_norm``,
   ``acc_norm`` (the norm of the current mean gradient), ``microbatch_size``
   (0 when not given); the noise scale ``noise_scale``
   (:math:`B_\text{simple}`) with its parts ``grad_sq_norm_est`` and
@@ -579,6 +604,13 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   threshold (the default of :func:`optax_gqc.gnts`), raise the threshold, or
   combine the gate with :func:`optax_gqc.gates.relative_error_below` through
   :func:`optax_gqc.gates.any_of`.
+
+  ``num_bad_hyperparams`` counts the microbatches at which a hyperparameter
+  was out of its domain at run time, where ``jax.jit`` cannot raise: a
+  schedule that returned NaN or a negative value, or a bad value injected by
+  ``optax.inject_hyperparams``. It adds up the engine's count (``max_draws``,
+  ``noise_decay``) and every gate's (which stays closed meanwhile, so that
+  ``max_draws`` forces the steps). It is 0 in a healthy run.
 
   Args:
     state: an optimizer state that holds a state of optax_gqc.

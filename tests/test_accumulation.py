@@ -245,6 +245,7 @@ def test_inside_chain_and_statistics():
       'num_steps',
       'num_skipped',
       'num_forced',
+      'num_bad_hyperparams',
       'last_num_draws',
       'last_grad_norm',
       'acc_norm',

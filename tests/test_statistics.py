@@ -52,8 +52,8 @@ GATES = {
     ),
     'loss_interval': (
         lambda: gates.loss_interval(0.9, 0.1),
-        {'confidence', 'percent_error', 'loss_ema'},
-        {'_loss_mean', '_loss_m2'},
+        {'confidence', 'percent_error', 'loss_ema', 'num_skipped_losses'},
+        {'_num_losses', '_loss_mean', '_loss_m2'},
     ),
     'relative_error_below': (lambda: gates.relative_error_below(0.5), {'eta'}, set()),
     'from_function': (lambda: gates.from_function(lambda s: s.num_draws >= 2), set(), set()),
@@ -66,8 +66,9 @@ def test_statistics_reports_a_gates_entries_but_not_its_running_sums(name):
   state = last_state(optax_gqc.accumulate(optax.sgd(0.1), make(), max_draws=4), value=1.5)
   stats = optax_gqc.statistics(state)
   assert set(stats) == ENGINE | reported
-  # The gate keeps its running sums in the state, where optax.tree.get finds them.
-  assert set(state.gate_state) == reported | own
+  # The gate keeps its running sums in the state, where optax.tree.get finds them;
+  # its num_bad_hyperparams adds to the engine's.
+  assert set(state.gate_state) - {'num_bad_hyperparams'} == reported | own
   for key in own:
     assert optax.tree.get(state, key) is not None
   for key in reported:
@@ -83,7 +84,23 @@ def test_every_gate_in_gates_follows_the_naming_convention():
 def test_combined_gates_report_each_gates_entries():
   gate = gates.any_of(gates.noise_ratio_below(0.1), gates.loss_interval(0.9, 0.1))
   stats = optax_gqc.statistics(last_state(optax_gqc.accumulate(optax.sgd(0.1), gate), value=1.0))
-  assert set(stats) == ENGINE | {'tolerance', 'confidence', 'percent_error', 'loss_ema'}
+  assert set(stats) == ENGINE | {
+      'tolerance',
+      'confidence',
+      'percent_error',
+      'loss_ema',
+      'num_skipped_losses',
+  }
+
+
+def test_num_bad_hyperparams_adds_up_the_engine_and_every_gate():
+  gate = gates.any_of(gates.norm_below(lambda t: -1.0), gates.noise_ratio_below(lambda t: jnp.nan))
+  tx = optax.inject_hyperparams(optax_gqc.accumulate)(optax.sgd(0.1), gate, max_draws=2)
+  state = tx.init(PARAMS)
+  state.hyperparams['max_draws'] = jnp.asarray(0, jnp.int32)
+  for g in grads(3):
+    _, state = jax.jit(tx.update)(g, state, PARAMS)
+  assert int(optax_gqc.statistics(state)['num_bad_hyperparams']) == 3 * 3
 
 
 def dim_batch(tx, g):
