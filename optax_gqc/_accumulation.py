@@ -68,12 +68,23 @@ class AccumulationTransformation(optax.GradientTransformationExtraArgs):
     return tx
 
 
+def _check_state(state: Any) -> None:
+  """Raises at trace time unless ``state`` is an accumulation's state."""
+  if not isinstance(state, AccumulateState):
+    got = 'None' if state is None else f'a {type(state).__name__}'
+    raise TypeError(
+        f'accumulate: state is {got}, not the AccumulateState of this transformation: pass '
+        'the state that tx.init(params) returned, then the one each update returns'
+    )
+
+
 def _check_like_params(updates: Any, accumulator: Any) -> None:
   """Raises at trace time if the gradients do not match the params from init."""
   if jax.tree.structure(updates) != jax.tree.structure(accumulator):
     raise ValueError(
         'accumulate: the gradient tree does not match the params given to init: '
-        f'{jax.tree.structure(updates)} vs {jax.tree.structure(accumulator)}'
+        f'{jax.tree.structure(updates)} vs {jax.tree.structure(accumulator)}. Pass gradients '
+        'of those params (jax.grad of the loss with respect to them)'
     )
   for path, g, a in zip(
       jax.tree_util.tree_leaves_with_path(updates),
@@ -81,11 +92,41 @@ def _check_like_params(updates: Any, accumulator: Any) -> None:
       jax.tree.leaves(accumulator),
       strict=True,
   ):
+    where = f'accumulate: gradient {jax.tree_util.keystr(path[0])}'
     if g.shape != a.shape:
       raise ValueError(
-          f'accumulate: gradient {jax.tree_util.keystr(path[0])} has shape '
-          f'{g.shape}, but the params given to init had {a.shape}'
+          f'{where} has shape {g.shape}, but the params given to init had {a.shape}: pass '
+          'gradients of those params'
       )
+    if not jnp.issubdtype(g.dtype, jnp.inexact):
+      raise TypeError(
+          f'{where} has dtype {g.dtype}: gradients must be floating point or complex (an '
+          'integer mean would be truncated). Cast it to a float, or keep integer leaves out '
+          'of the optimizer (optax.partition, optax.set_to_zero)'
+      )
+    if jnp.iscomplexobj(g) and not jnp.iscomplexobj(a):
+      raise TypeError(
+          f'{where} is complex ({g.dtype}), but the params given to init were real: '
+          'initialize with the complex params'
+      )
+
+
+def _check_gate_output(step: Any, new_state: Any, old_state: Any) -> None:
+  """Raises at trace time if a gate's update breaks the Gate protocol."""
+  if jnp.shape(step) != () or jnp.result_type(step) != jnp.bool_:
+    raise TypeError(
+        'gate: update must return a boolean scalar as its decision, got '
+        f'{jnp.result_type(step)} of shape {jnp.shape(step)}: compare, e.g. '
+        'stats.acc_norm <= 0.5'
+    )
+  if jax.tree.structure(new_state) != jax.tree.structure(old_state) or any(
+      jnp.result_type(a) != jnp.result_type(b) or jnp.shape(a) != jnp.shape(b)
+      for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(old_state), strict=True)
+  ):
+    raise TypeError(
+        'gate: update must return a state with the structure, shapes and dtypes of '
+        'gate.init(): keep the same entries, and cast new values to their dtypes'
+    )
 
 
 def _accumulator_dtype(requested: Any, param: jax.Array) -> Any:
@@ -218,21 +259,29 @@ def accumulate(
     >>> int(state.num_draws), int(state.num_steps)  # ||mean|| = 0.43: step
     (0, 1)
   """
+  _checks.check_transformation('inner', inner)
   if not isinstance(gate, Gate):
     if callable(gate):
       raise TypeError(
           'gate must be an optax_gqc.gates.Gate (init, update); wrap a plain '
           'function of DrawStats with optax_gqc.gates.from_function'
       )
-    raise TypeError(f'gate must be an optax_gqc.gates.Gate, got {type(gate).__name__}')
+    raise TypeError(
+        f'gate must be an optax_gqc.gates.Gate, got {type(gate).__name__}: pass one of '
+        'optax_gqc.gates, e.g. gates.norm_below(0.5)'
+    )
   if max_draws is None:
     max_draws = jnp.iinfo(jnp.int32).max
-  _checks.check_positive_int('max_draws', max_draws)
+  _checks.check_positive_int('max_draws', max_draws, ', or max_draws=None for no limit')
   if microbatch_size is not None:
-    _checks.check_positive_int('microbatch_size', microbatch_size)
+    _checks.check_positive_int('microbatch_size', microbatch_size, ', or None')
+  _checks.check_float_dtype('accumulator_dtype', accumulator_dtype)
+  _checks.check_bool('skip_nonfinite', skip_nonfinite)
   _checks.check_unit_interval('noise_decay', noise_decay)
   if scale_by_draws is not None and not callable(scale_by_draws):
-    raise TypeError(f'scale_by_draws must be a function of n, got {scale_by_draws!r}')
+    raise TypeError(
+        f'scale_by_draws must be a function of n, got {scale_by_draws!r}: pass e.g. jnp.sqrt'
+    )
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -268,6 +317,7 @@ def accumulate(
 
   def step_fn(updates, state, params, extra_args, apply):
     """One microbatch; with ``apply``, returns new params in place of updates."""
+    _check_state(state)
     _check_like_params(updates, state.accumulator)
     grad_sq = sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
@@ -298,6 +348,7 @@ def accumulate(
         ),
     )
     gate_step, gate_state = gate.update(stats, state.gate_state, **extra_args)
+    _check_gate_output(gate_step, gate_state, state.gate_state)
     # max_draws and noise_decay may be traced (optax.inject_hyperparams), where
     # jit cannot raise on a bad value: it is replaced, and counted.
     draws_ok = jnp.asarray(max_draws) >= 1

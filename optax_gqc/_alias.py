@@ -234,4 +234,5 @@ def gnr(
     >>> import optax, optax_gqc
     >>> tx = optax_gqc.gnr(optax.adamw(1e-3), target=1.0)
   """
+  _checks.check_transformation('inner', inner)
   return optax.chain(scale_to_norm(target), inner)

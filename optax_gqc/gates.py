@@ -585,16 +585,21 @@ def from_function(rule: Callable[[DrawStats], jax.Array]) -> Gate:
     >>> at_least_4 = optax_gqc.gates.from_function(lambda s: s.num_draws >= 4)
   """
   if not callable(rule):
-    raise TypeError(f'rule must be callable, got {type(rule).__name__}')
+    raise TypeError(
+        f'rule must be callable, got {type(rule).__name__}: pass a function of DrawStats, '
+        'e.g. lambda s: s.num_draws >= 4'
+    )
   return Gate(lambda: {}, lambda stats, state, **_: (jnp.asarray(rule(stats)), state))
 
 
 def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
   if not gates:
-    raise ValueError(f'{name} needs at least one gate')
+    raise ValueError(f'{name} needs at least one gate: pass gates, e.g. {name}(gate_a, gate_b)')
   for g in gates:
     if not isinstance(g, Gate):
-      raise TypeError(f'{name} takes Gates, got {type(g).__name__}')
+      raise TypeError(
+          f'{name} takes Gates, got {type(g).__name__}: pass gates such as gates.norm_below(0.5)'
+      )
 
   def init():
     return tuple(g.init() for g in gates)

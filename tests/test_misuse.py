@@ -6,6 +6,8 @@ raise, a bad value has a documented safe behaviour and is counted in
 ``statistics``.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +37,440 @@ def run_stats(tx, num=6, values=None, state_hook=None):
     _, state = update(g, state, PARAMS, **extra)
     out.append(jax.tree.map(np.asarray, optax_gqc.statistics(state)))
   return out
+
+
+def sgd():
+  return optax.sgd(0.1)
+
+
+def first_update(tx, grads=None, state=None, params=PARAMS, **extra_args):
+  """Traces ``tx.update`` once, under jit, with a fresh state unless one is given."""
+  state = tx.init(params) if state is None else state
+  g = jax.tree.map(jnp.ones_like, params) if grads is None else grads
+  return jax.jit(tx.update)(g, state, params, **extra_args)
+
+
+def python_if_schedule(t):
+  return 0.5 if t < 100 else 0.1  # a Python if on the traced step count
+
+
+# ---------------------------------------------------------------------------
+# At construction: each raises the error, and its message names the argument
+# (first pattern) and the fix (second pattern).
+
+AT_CONSTRUCTION = {
+    # inner and gate
+    'optimizer factory as inner': (
+        lambda: optax_gqc.gnts(optax.adamw, 0.5),
+        TypeError,
+        'inner',
+        r"got the function 'adamw'.*inner=optax.adamw\(1e-3\)",
+    ),
+    'factory as sbc inner': (
+        lambda: optax_gqc.sbc(optax.adam, 8, 1),
+        TypeError,
+        'inner',
+        r'call it with its hyperparameters',
+    ),
+    'string as inner': (
+        lambda: optax_gqc.accumulate('adam', gates.norm_below(0.5)),
+        TypeError,
+        'inner',
+        r'such as optax.adamw\(1e-3\)',
+    ),
+    'factory as gnr inner': (
+        lambda: optax_gqc.gnr(optax.adamw, 1.0),
+        TypeError,
+        'inner',
+        r'call it',
+    ),
+    'string as gate': (
+        lambda: optax_gqc.accumulate(sgd(), 'norm'),
+        TypeError,
+        'gate',
+        r'gates.norm_below',
+    ),
+    'function as gate': (
+        lambda: optax_gqc.accumulate(sgd(), lambda s: s.num_draws >= 2),
+        TypeError,
+        'gate',
+        r'gates.from_function',
+    ),
+    'transformation as gate': (
+        lambda: optax_gqc.accumulate(sgd(), sgd()),
+        TypeError,
+        'gate',
+        r'gates.norm_below',
+    ),
+    'non-gate in any_of': (
+        lambda: gates.any_of(gates.norm_below(1.0), 3),
+        TypeError,
+        'any_of',
+        r'gates such as gates.norm_below',
+    ),
+    'empty all_of': (lambda: gates.all_of(), ValueError, 'all_of', r'all_of\(gate_a, gate_b\)'),
+    'non-callable rule': (
+        lambda: gates.from_function(3),
+        TypeError,
+        'rule',
+        'a function of DrawStats',
+    ),
+    # max_draws
+    'max_draws 0': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, max_draws=0),
+        ValueError,
+        'max_draws',
+        r'>= 1, or max_draws=None',
+    ),
+    'max_draws float': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, max_draws=2.5),
+        TypeError,
+        'max_draws',
+        r'pass an integer max_draws >= 1',
+    ),
+    'max_draws bool': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, max_draws=True),
+        TypeError,
+        'max_draws',
+        r'pass an integer',
+    ),
+    'max_draws 2**31': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, max_draws=2**31),
+        ValueError,
+        'max_draws',
+        r'below 2\*\*31.*pass at most 2147483647, or max_draws=None',
+    ),
+    'sbc max_draws below its batch': (
+        lambda: optax_gqc.sbc(sgd(), 800, 8, max_draws=64),
+        ValueError,
+        'max_draws',
+        r'max_draws >= 100, or max_draws=None',
+    ),
+    # microbatch_size
+    'negative microbatch_size': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, microbatch_size=-1),
+        ValueError,
+        'microbatch_size',
+        r'>= 1',
+    ),
+    'sbc microbatch_size 0': (
+        lambda: optax_gqc.sbc(sgd(), 8, 0),
+        ValueError,
+        'microbatch_size',
+        r'>= 1',
+    ),
+    'float microbatch_size': (
+        lambda: gates.batch_size_at_least(8, 2.5),
+        TypeError,
+        'microbatch_size',
+        r'pass an integer',
+    ),
+    # accumulator and flags
+    'int32 accumulator': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype=jnp.int32),
+        ValueError,
+        'accumulator_dtype',
+        r'truncate the mean.*jnp.float32',
+    ),
+    'accumulator_dtype not a dtype': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype='high'),
+        TypeError,
+        'accumulator_dtype',
+        r'jnp.float32',
+    ),
+    'skip_nonfinite string': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, skip_nonfinite='yes'),
+        TypeError,
+        'skip_nonfinite',
+        r'True or False',
+    ),
+    'noise_decay 1': (
+        lambda: optax_gqc.accumulate(sgd(), gates.norm_below(0.5), noise_decay=1.0),
+        ValueError,
+        'noise_decay',
+        r'\[0, 1\)',
+    ),
+    'scale_by_draws a number': (
+        lambda: optax_gqc.accumulate(sgd(), gates.norm_below(0.5), scale_by_draws=2.0),
+        TypeError,
+        'scale_by_draws',
+        'jnp.sqrt',
+    ),
+    # gate hyperparameters
+    'threshold as a string': (
+        lambda: optax_gqc.gnts(sgd(), '0.5'),
+        TypeError,
+        'threshold',
+        r'pass a float',
+    ),
+    'negative threshold': (
+        lambda: optax_gqc.gnts(sgd(), -0.1),
+        ValueError,
+        'threshold',
+        r'>= 0',
+    ),
+    'nan threshold': (
+        lambda: optax_gqc.gnts(sgd(), float('nan')),
+        ValueError,
+        'threshold',
+        r'>= 0',
+    ),
+    'array threshold': (
+        lambda: optax_gqc.gnts(sgd(), jnp.ones(2)),
+        ValueError,
+        'threshold',
+        r'pass one number',
+    ),
+    'non-scalar schedule': (
+        lambda: optax_gqc.gnts(sgd(), lambda t: jnp.ones(2) * t),
+        ValueError,
+        'threshold',
+        r'return one number per step count',
+    ),
+    'schedule with a Python if': (
+        lambda: optax_gqc.gnts(sgd(), python_if_schedule),
+        TypeError,
+        'threshold',
+        r'jnp.where instead of if',
+    ),
+    'schedule returning a string': (
+        lambda: optax_gqc.gnts(sgd(), lambda t: 'high'),
+        TypeError,
+        'threshold',
+        r'jnp functions',
+    ),
+    'mht confidence 95': (
+        lambda: optax_gqc.mht(sgd(), 95, 0.05),
+        ValueError,
+        'confidence',
+        r'\[0, 1\)',
+    ),
+    'mht negative percent_error': (
+        lambda: optax_gqc.mht(sgd(), 0.9, -0.05),
+        ValueError,
+        'percent_error',
+        r'>= 0',
+    ),
+    'negative logical batch': (
+        lambda: optax_gqc.sbc(sgd(), -8, 4),
+        ValueError,
+        'logical_batch_size',
+        r'>= 0',
+    ),
+    'negative tolerance': (
+        lambda: optax_gqc.gns(sgd(), -0.1),
+        ValueError,
+        'tolerance',
+        r'>= 0',
+    ),
+    'negative eta': (
+        lambda: optax_gqc.norm_test_accumulation(sgd(), -1.0),
+        ValueError,
+        'eta',
+        r'>= 0',
+    ),
+    'relative decay 1.5': (
+        lambda: gates.norm_below(0.5, relative=True, decay=1.5),
+        ValueError,
+        'decay',
+        r'\[0, 1\)',
+    ),
+    'critical fraction 0': (
+        lambda: gates.critical_batch(0.0, 4),
+        ValueError,
+        'fraction',
+        r'> 0',
+    ),
+    'critical max below min': (
+        lambda: gates.critical_batch(0.5, 4, max_batch_size=2),
+        ValueError,
+        'max_batch_size',
+        r'>= min_batch_size',
+    ),
+    'critical bootstrap 1': (
+        lambda: gates.critical_batch(0.5, 4, bootstrap_draws=1),
+        ValueError,
+        'bootstrap_draws',
+        r'>= 2',
+    ),
+    # the other transformations
+    'gnr negative target': (
+        lambda: optax_gqc.gnr(sgd(), -1.0),
+        ValueError,
+        'target',
+        r'>= 0',
+    ),
+    'scale_to_norm string': (
+        lambda: optax_gqc.scale_to_norm('1'),
+        TypeError,
+        'target',
+        r'pass a float',
+    ),
+    'noise_scale decay 1.5': (
+        lambda: optax_gqc.noise_scale(1.5, axis_name='data'),
+        ValueError,
+        'decay',
+        r'\[0, 1\)',
+    ),
+    'sgd_sai momentum 1': (
+        lambda: optax_gqc.sgd_sai(0.1, momentum=1.0),
+        ValueError,
+        'momentum',
+        r'\[0, 1\)',
+    ),
+    'sgd_sai eps 0': (lambda: optax_gqc.sgd_sai(0.1, eps=0.0), ValueError, 'eps', r'> 0'),
+}
+
+
+# ---------------------------------------------------------------------------
+# At the first trace of update (under jit, before anything runs).
+
+
+AT_FIRST_TRACE = {
+    'state of the inner optimizer': (
+        lambda: first_update(optax_gqc.gnts(sgd(), 0.5), state=sgd().init(PARAMS)),
+        TypeError,
+        'state',
+        r'tx.init\(params\)',
+    ),
+    'params passed as the state': (
+        lambda: first_update(optax_gqc.gnts(sgd(), 0.5), state=PARAMS),
+        TypeError,
+        'state is a dict',
+        r'tx.init\(params\)',
+    ),
+    'update before init': (
+        lambda: optax_gqc.gnts(sgd(), 0.5).update(PARAMS, None, PARAMS),
+        TypeError,
+        'state is None',
+        r'tx.init\(params\)',
+    ),
+    'gradients unlike the params': (
+        lambda: first_update(optax_gqc.gnts(sgd(), 0.5), grads={'w': PARAMS['w']}),
+        ValueError,
+        'gradient tree',
+        r'jax.grad of the loss with respect to them',
+    ),
+    'gradient of another shape': (
+        lambda: first_update(
+            optax_gqc.gnts(sgd(), 0.5), grads={'w': PARAMS['w'], 'b': jnp.ones(5)}
+        ),
+        ValueError,
+        r"gradient \['b'\]",
+        r'params given to init had \(3,\): pass gradients of those params',
+    ),
+    'integer gradients': (
+        lambda: first_update(
+            optax_gqc.sbc(sgd(), 2, 1), grads=jax.tree.map(lambda p: jnp.ones(p.shape, int), PARAMS)
+        ),
+        TypeError,
+        r"gradient \['b'\] has dtype int32",
+        r'Cast it to a float',
+    ),
+    'complex gradients of real params': (
+        lambda: first_update(
+            optax_gqc.sbc(sgd(), 2, 1), grads=jax.tree.map(lambda p: p * 1j, PARAMS)
+        ),
+        TypeError,
+        r"gradient \['b'\] is complex",
+        r'initialize with the complex params',
+    ),
+    'mht without the loss': (
+        lambda: first_update(optax_gqc.mht(sgd(), 0.9, 0.05)),
+        ValueError,
+        'loss',
+        r'value=loss',
+    ),
+    'mht with per-example losses': (
+        lambda: first_update(optax_gqc.mht(sgd(), 0.9, 0.05), value=jnp.ones(8)),
+        ValueError,
+        r'value must be the scalar loss',
+        r'value=loss.mean\(\)',
+    ),
+    'injected array threshold': (
+        lambda: injected_threshold(jnp.ones(2)),
+        ValueError,
+        'threshold',
+        r'one number',
+    ),
+    'gate rule returning a float': (
+        lambda: first_update(
+            optax_gqc.accumulate(sgd(), gates.from_function(lambda s: s.acc_norm))
+        ),
+        TypeError,
+        'gate',
+        r'boolean scalar.*stats.acc_norm <= 0.5',
+    ),
+    'gate changing its state': (
+        lambda: first_update(
+            optax_gqc.accumulate(
+                sgd(), optax_gqc.Gate(lambda: {}, lambda s, st, **_: (s.num_draws >= 2, {'n': 1}))
+            )
+        ),
+        TypeError,
+        'gate',
+        r'structure, shapes and dtypes of gate.init\(\)',
+    ),
+    'gate changing a dtype': (
+        lambda: first_update(
+            optax_gqc.accumulate(
+                sgd(),
+                optax_gqc.Gate(
+                    lambda: {'n': jnp.zeros([], jnp.int32)},
+                    lambda s, st, **_: (s.num_draws >= 2, {'n': s.acc_norm}),
+                ),
+            )
+        ),
+        TypeError,
+        'gate',
+        r'cast new values to their dtypes',
+    ),
+    'inner optimizer that needs params': (
+        lambda: jax.jit(optax_gqc.gnts(optax.adamw(0.1), 1e9).update)(
+            PARAMS, optax_gqc.gnts(optax.adamw(0.1), 1e9).init(PARAMS)
+        ),
+        ValueError,
+        'params',
+        r'passing `params`',
+    ),
+    'noise_scale outside a mapped axis': (
+        lambda: optax_gqc.noise_scale(axis_name='data').update(
+            PARAMS, optax_gqc.noise_scale(axis_name='data').init(PARAMS)
+        ),
+        NameError,
+        "axis_name 'data'",
+        r'call update inside jax.shard_map',
+    ),
+    'statistics of a plain adam state': (
+        lambda: optax_gqc.statistics(optax.adam(1e-3).init(PARAMS)),
+        ValueError,
+        'statistics',
+        r'Pass the state of an accumulation',
+    ),
+}
+
+
+def injected_threshold(value):
+  tx = optax.inject_hyperparams(optax_gqc.gnts)(sgd(), threshold=0.5)
+  state = tx.init(PARAMS)
+  state.hyperparams['threshold'] = value
+  return first_update(tx, state=state)
+
+
+RAISING = {
+    **{f'construction: {k}': v for k, v in AT_CONSTRUCTION.items()},
+    **{f'first trace: {k}': v for k, v in AT_FIRST_TRACE.items()},
+}
+
+
+@pytest.mark.parametrize('case', sorted(RAISING))
+def test_misuse_raises_naming_the_argument_and_the_fix(case):
+  make, error, argument, fix = RAISING[case]
+  with pytest.raises(error) as info:
+    make()
+  message = str(info.value)
+  assert re.search(argument, message), message
+  assert re.search(fix, message), message
 
 
 # ---------------------------------------------------------------------------
