@@ -319,6 +319,67 @@ AT_CONSTRUCTION = {
         r'\[0, 1\)',
     ),
     'sgd_sai eps 0': (lambda: optax_gqc.sgd_sai(0.1, eps=0.0), ValueError, 'eps', r'> 0'),
+    # the recipes
+    'recipe warmup longer than the run': (
+        lambda: optax_gqc.gnts_with_cosine_schedule(1e-3, total_steps=10, warmup_steps=100),
+        ValueError,
+        'warmup_steps',
+        r'Pass warmup_steps <= total_steps',
+    ),
+    'recipe with an optimizer instance': (
+        lambda: optax_gqc.sbc_with_polynomial_schedule(
+            1e-3, 4, 8, 16, 100, 10, optimizer=optax.adamw(1e-3)
+        ),
+        TypeError,
+        'optimizer',
+        r'Pass the function itself',
+    ),
+    'recipe weight decay for sgd': (
+        lambda: optax_gqc.gnts_with_cosine_schedule(1e-3, 100, 10, optimizer=optax.sgd),
+        TypeError,
+        "optimizer sgd takes no argument 'weight_decay'",
+        r'weight_decay=None',
+    ),
+    'recipe scheduled learning rate': (
+        lambda: optax_gqc.gnr_with_cosine_schedule(lambda t: 0.1, 1.0, 0.5, 100, 10),
+        TypeError,
+        'learning_rate',
+        r'Pass its value after warmup',
+    ),
+    'recipe negative threshold': (
+        lambda: optax_gqc.gnts_with_cosine_schedule(1e-3, 100, 10, initial_threshold=-1.0),
+        ValueError,
+        'initial_threshold',
+        r'>= 0',
+    ),
+    'recipe confidence 95': (
+        lambda: optax_gqc.mht_with_warmup_schedule(1e-3, 95, 0.1, 100, 10),
+        ValueError,
+        'confidence',
+        r'\[0, 1\)',
+    ),
+    'recipe fractional total_steps': (
+        lambda: optax_gqc.gns_default(1e-3, 0.1, 100.5, 10),
+        ValueError,
+        'total_steps',
+        r'an int >= 0',
+    ),
+    'scheduled_accumulation constant': (
+        lambda: optax_gqc.scheduled_accumulation(
+            optax.sgd, gates.norm_below(0.5), {'learning_rate': 0.1}
+        ),
+        TypeError,
+        r"hyperparams\['learning_rate'\]",
+        r'pass a constant as a keyword argument',
+    ),
+    'scheduled_accumulation unknown argument': (
+        lambda: optax_gqc.scheduled_accumulation(
+            optax.sgd, gates.norm_below(0.5), {'lr': lambda t: 0.1}
+        ),
+        TypeError,
+        "takes no argument 'lr'",
+        r'schedule only arguments that it takes',
+    ),
 }
 
 
