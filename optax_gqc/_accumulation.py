@@ -304,7 +304,8 @@ def accumulate(
         sum_sq_norms=zero_f(),
         sum_norms=zero_f(),
         acc_norm=zero_f(),
-        microbatch_size=jnp.array(microbatch_size or 0, jnp.int32),
+        # Not `microbatch_size or 0`: inject_hyperparams may trace it.
+        microbatch_size=jnp.array(0 if microbatch_size is None else microbatch_size, jnp.int32),
         grad_sq_norm_ema=zero_f(),
         trace_cov_ema=zero_f(),
         noise_weight=zero_f(),

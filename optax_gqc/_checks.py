@@ -153,7 +153,9 @@ def check_draws_reach_batch(
   if max_draws is None or callable(logical_batch_size):
     return
   size = _concrete_float(name, logical_batch_size)
-  if size is None or isinstance(max_draws, jax.core.Tracer) or math.isinf(size):
+  if size is None or math.isinf(size):
+    return
+  if isinstance(max_draws, jax.core.Tracer) or isinstance(microbatch_size, jax.core.Tracer):
     return
   needed = math.ceil(size / microbatch_size)
   if max_draws < needed:

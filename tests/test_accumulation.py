@@ -299,6 +299,21 @@ def test_max_draws_injected_and_changed_mid_run():
   assert int(optax_gqc.statistics(state)['last_num_draws']) == 2
 
 
+@pytest.mark.parametrize(
+    'make',
+    [
+        lambda: optax.inject_hyperparams(optax_gqc.gnts)(optax.sgd(1.0), 0.5, microbatch_size=4),
+        lambda: optax.inject_hyperparams(optax_gqc.sbc)(optax.sgd(1.0), 8, 4),
+    ],
+    ids=['gnts', 'sbc'],
+)
+def test_microbatch_size_injected_under_jitted_init(make):
+  tx = make()
+  state = jax.jit(tx.init)(PARAMS)
+  _, state = jax.jit(tx.update)(grad_stream(1)[0], state, PARAMS)
+  assert int(optax_gqc.statistics(state)['microbatch_size']) == 4
+
+
 def test_flax_nnx_optimizer_under_nnx_jit():
   from flax import nnx
 
