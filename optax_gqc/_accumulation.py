@@ -15,8 +15,10 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._noise_scale import noise_scale_estimates
+from optax_gqc._noise_scale import NoiseScaleState, noise_scale_estimates
 from optax_gqc._numerics import rounded, sq_norm, varying_axes
+from optax_gqc._scale_to_norm import ScaleToNormState
+from optax_gqc._sgd_sai import ScaleByGsnrState, SgdSaiMomentumState
 from optax_gqc.gates import DrawStats, Gate
 
 
@@ -28,6 +30,9 @@ class AccumulateState(NamedTuple):
   num_steps: jax.Array  # int32: inner optimizer steps taken.
   num_skipped: jax.Array  # int32: microbatches rejected for a non-finite norm.
   num_forced: jax.Array  # int32: steps forced by max_draws with the gate closed.
+  # int32: microbatches at which a traced max_draws was below 1 or a traced
+  # noise_decay outside [0, 1) (replaced as accumulate says).
+  num_bad_hyperparams: jax.Array
   last_num_draws: jax.Array  # int32: microbatches averaged at the last step.
   last_grad_norm: jax.Array  # float32: ||gbar|| at the last step.
   sum_sq_norms: jax.Array  # float32: sum_i ||g_i||^2 over the accumulation.
@@ -63,12 +68,23 @@ class AccumulationTransformation(optax.GradientTransformationExtraArgs):
     return tx
 
 
+def _check_state(state: Any) -> None:
+  """Raises at trace time unless ``state`` is an accumulation's state."""
+  if not isinstance(state, AccumulateState):
+    got = 'None' if state is None else f'a {type(state).__name__}'
+    raise TypeError(
+        f'accumulate: state is {got}, not the AccumulateState of this transformation: pass '
+        'the state that tx.init(params) returned, then the one each update returns'
+    )
+
+
 def _check_like_params(updates: Any, accumulator: Any) -> None:
   """Raises at trace time if the gradients do not match the params from init."""
   if jax.tree.structure(updates) != jax.tree.structure(accumulator):
     raise ValueError(
         'accumulate: the gradient tree does not match the params given to init: '
-        f'{jax.tree.structure(updates)} vs {jax.tree.structure(accumulator)}'
+        f'{jax.tree.structure(updates)} vs {jax.tree.structure(accumulator)}. Pass gradients '
+        'of those params (jax.grad of the loss with respect to them)'
     )
   for path, g, a in zip(
       jax.tree_util.tree_leaves_with_path(updates),
@@ -76,11 +92,41 @@ def _check_like_params(updates: Any, accumulator: Any) -> None:
       jax.tree.leaves(accumulator),
       strict=True,
   ):
+    where = f'accumulate: gradient {jax.tree_util.keystr(path[0])}'
     if g.shape != a.shape:
       raise ValueError(
-          f'accumulate: gradient {jax.tree_util.keystr(path[0])} has shape '
-          f'{g.shape}, but the params given to init had {a.shape}'
+          f'{where} has shape {g.shape}, but the params given to init had {a.shape}: pass '
+          'gradients of those params'
       )
+    if not jnp.issubdtype(g.dtype, jnp.inexact):
+      raise TypeError(
+          f'{where} has dtype {g.dtype}: gradients must be floating point or complex (an '
+          'integer mean would be truncated). Cast it to a float, or keep integer leaves out '
+          'of the optimizer (optax.partition, optax.set_to_zero)'
+      )
+    if jnp.iscomplexobj(g) and not jnp.iscomplexobj(a):
+      raise TypeError(
+          f'{where} is complex ({g.dtype}), but the params given to init were real: '
+          'initialize with the complex params'
+      )
+
+
+def _check_gate_output(step: Any, new_state: Any, old_state: Any) -> None:
+  """Raises at trace time if a gate's update breaks the Gate protocol."""
+  if jnp.shape(step) != () or jnp.result_type(step) != jnp.bool_:
+    raise TypeError(
+        'gate: update must return a boolean scalar as its decision, got '
+        f'{jnp.result_type(step)} of shape {jnp.shape(step)}: compare, e.g. '
+        'stats.acc_norm <= 0.5'
+    )
+  if jax.tree.structure(new_state) != jax.tree.structure(old_state) or any(
+      jnp.result_type(a) != jnp.result_type(b) or jnp.shape(a) != jnp.shape(b)
+      for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(old_state), strict=True)
+  ):
+    raise TypeError(
+        'gate: update must return a state with the structure, shapes and dtypes of '
+        'gate.init(): keep the same entries, and cast new values to their dtypes'
+    )
 
 
 def _check_global_decision(grad_sq: jax.Array, step: jax.Array) -> None:
@@ -176,7 +222,8 @@ def accumulate(
     gate: the decision rule, e.g. :func:`optax_gqc.gates.norm_below`.
     max_draws: the most microbatches accumulated before a step is forced;
       None for no limit. It may be traced, so ``optax.inject_hyperparams`` can
-      change it mid-run.
+      change it mid-run; a traced value below 1 is taken as 1 (a step on every
+      microbatch) and counted in ``num_bad_hyperparams``.
     microbatch_size: examples per microbatch; used to report the noise scale
       in examples. Optional.
     accumulator_dtype: dtype of the accumulator. None (the default) means
@@ -185,7 +232,9 @@ def accumulate(
       ``jnp.float32``, because ``optax.inject_hyperparams`` would take a dtype,
       a callable, for a schedule.)
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
-    noise_decay: EMA decay of the noise-scale estimates (see below).
+    noise_decay: EMA decay of the noise-scale estimates (see below), in
+      [0, 1); a traced value outside it leaves the estimates as they are, and
+      counts in ``num_bad_hyperparams``.
     scale_by_draws: optional function of :math:`n` (an int32 scalar) by which
       the inner updates are multiplied at a step that averaged :math:`n`
       microbatches: the step then follows the batch. ``jnp.sqrt`` is the usual
@@ -242,21 +291,29 @@ def accumulate(
     >>> int(state.num_draws), int(state.num_steps)  # ||mean|| = 0.43: step
     (0, 1)
   """
+  _checks.check_transformation('inner', inner)
   if not isinstance(gate, Gate):
     if callable(gate):
       raise TypeError(
           'gate must be an optax_gqc.gates.Gate (init, update); wrap a plain '
           'function of DrawStats with optax_gqc.gates.from_function'
       )
-    raise TypeError(f'gate must be an optax_gqc.gates.Gate, got {type(gate).__name__}')
+    raise TypeError(
+        f'gate must be an optax_gqc.gates.Gate, got {type(gate).__name__}: pass one of '
+        'optax_gqc.gates, e.g. gates.norm_below(0.5)'
+    )
   if max_draws is None:
     max_draws = jnp.iinfo(jnp.int32).max
-  _checks.check_positive_int('max_draws', max_draws)
+  _checks.check_positive_int('max_draws', max_draws, ', or max_draws=None for no limit')
   if microbatch_size is not None:
-    _checks.check_positive_int('microbatch_size', microbatch_size)
+    _checks.check_positive_int('microbatch_size', microbatch_size, ', or None')
+  _checks.check_float_dtype('accumulator_dtype', accumulator_dtype)
+  _checks.check_bool('skip_nonfinite', skip_nonfinite)
   _checks.check_unit_interval('noise_decay', noise_decay)
   if scale_by_draws is not None and not callable(scale_by_draws):
-    raise TypeError(f'scale_by_draws must be a function of n, got {scale_by_draws!r}')
+    raise TypeError(
+        f'scale_by_draws must be a function of n, got {scale_by_draws!r}: pass e.g. jnp.sqrt'
+    )
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -273,12 +330,14 @@ def accumulate(
         num_steps=zero_i(),
         num_skipped=zero_i(),
         num_forced=zero_i(),
+        num_bad_hyperparams=zero_i(),
         last_num_draws=zero_i(),
         last_grad_norm=zero_f(),
         sum_sq_norms=zero_f(),
         sum_norms=zero_f(),
         acc_norm=zero_f(),
-        microbatch_size=jnp.array(microbatch_size or 0, jnp.int32),
+        # Not `microbatch_size or 0`: inject_hyperparams may trace it.
+        microbatch_size=jnp.array(0 if microbatch_size is None else microbatch_size, jnp.int32),
         grad_sq_norm_ema=zero_f(),
         trace_cov_ema=zero_f(),
         noise_weight=zero_f(),
@@ -292,6 +351,7 @@ def accumulate(
 
   def step_fn(updates, state, params, extra_args, apply):
     """One microbatch; with ``apply``, returns new params in place of updates."""
+    _check_state(state)
     _check_like_params(updates, state.accumulator)
     grad_sq = sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
@@ -322,7 +382,12 @@ def accumulate(
         ),
     )
     gate_step, gate_state = gate.update(stats, state.gate_state, **extra_args)
-    forced = ok & ~gate_step & (n >= max_draws)
+    _check_gate_output(gate_step, gate_state, state.gate_state)
+    # max_draws and noise_decay may be traced (optax.inject_hyperparams), where
+    # jit cannot raise on a bad value: it is replaced, and counted.
+    draws_ok = jnp.asarray(max_draws) >= 1
+    decay_ok = (jnp.asarray(noise_decay) >= 0) & (jnp.asarray(noise_decay) < 1)
+    forced = ok & ~gate_step & (n >= jnp.maximum(max_draws, 1))
     step = ok & (gate_step | forced)
     _check_global_decision(grad_sq, step)
 
@@ -368,7 +433,7 @@ def accumulate(
     grad_sq_est, trace_est = noise_scale_estimates(
         1.0, stats.sum_sq_norms / n, n, jnp.square(acc_norm)
     )
-    fold = step & (n >= 2)
+    fold = step & (n >= 2) & decay_ok
 
     def ema(old, new):
       return jnp.where(fold, noise_decay * old + (1.0 - noise_decay) * new, old)
@@ -380,6 +445,7 @@ def accumulate(
         num_steps=state.num_steps + step,
         num_skipped=state.num_skipped + ~ok,
         num_forced=state.num_forced + forced,
+        num_bad_hyperparams=state.num_bad_hyperparams + (ok & ~(draws_ok & decay_ok)),
         last_num_draws=pick(n, state.last_num_draws, state.last_num_draws),
         last_grad_norm=pick(acc_norm, state.last_grad_norm, state.last_grad_norm),
         sum_sq_norms=pick(zero_f, stats.sum_sq_norms, state.sum_sq_norms),
@@ -472,39 +538,155 @@ def _is_variable(x: Any) -> bool:
   return hasattr(x, 'get_value') and not isinstance(x, jax.Array)
 
 
-def _flat_gate_stats(gate_state: Any, out: dict[str, jax.Array]) -> None:
+def _gate_entries(gate_state: Any):
+  """The ``(name, value)`` entries of a gate state, of combined gates' too."""
   if isinstance(gate_state, dict):
-    for key, value in gate_state.items():
-      name, i = key, 1
-      while name in out:
-        name, i = f'{key}_{i}', i + 1
-      out[name] = value
+    yield from gate_state.items()
   elif isinstance(gate_state, tuple | list):
     for sub in gate_state:
-      _flat_gate_stats(sub, out)
+      yield from _gate_entries(sub)
+
+
+def _flat_gate_stats(gate_state: Any, out: dict[str, jax.Array]) -> None:
+  """Adds the gate's reported entries to ``out``; those named ``_*`` are its own.
+
+  Every gate's ``num_bad_hyperparams`` adds to the one in ``out``.
+  """
+  for key, value in _gate_entries(gate_state):
+    if key == 'num_bad_hyperparams':
+      out[key] = out[key] + value
+      continue
+    if key.startswith('_'):
+      continue
+    name, i = key, 1
+    while name in out:
+      name, i = f'{key}_{i}', i + 1
+    out[name] = value
+
+
+def _ratio_of_emas(grad_sq_norm_ema, trace_cov_ema, noise_weight, examples=1.0):
+  """The bias-corrected noise-scale estimates: NaN until an estimate exists."""
+  weight = jnp.where(noise_weight > 0, noise_weight, jnp.nan)
+  out = {
+      'grad_sq_norm_est': grad_sq_norm_ema / weight,
+      'trace_cov_est': trace_cov_ema / weight * examples,
+  }
+  out['noise_scale'] = out['trace_cov_est'] / out['grad_sq_norm_est']
+  return out
+
+
+def _accumulation_report(s: AccumulateState) -> dict[str, jax.Array]:
+  out = {
+      name: getattr(s, name)
+      for name in (
+          'num_draws',
+          'num_batches',
+          'num_steps',
+          'num_skipped',
+          'num_forced',
+          'num_bad_hyperparams',
+          'last_num_draws',
+          'last_grad_norm',
+          'acc_norm',
+          'microbatch_size',
+      )
+  }
+  # The EMAs are in microbatches; in examples where the microbatch size is known.
+  examples = jnp.where(s.microbatch_size > 0, s.microbatch_size, 1).astype(jnp.float32)
+  out.update(_ratio_of_emas(s.grad_sq_norm_ema, s.trace_cov_ema, s.noise_weight, examples))
+  _flat_gate_stats(s.gate_state, out)
+  return out
+
+
+def _scale_to_norm_report(s: ScaleToNormState) -> dict[str, jax.Array]:
+  return {'num_steps': s.count, 'target': s.target, 'grad_norm': s.grad_norm}
+
+
+def _noise_scale_report(s: NoiseScaleState) -> dict[str, jax.Array]:
+  # Its estimates are in examples already when its microbatch size is known.
+  out = _ratio_of_emas(s.grad_sq_norm_ema, s.trace_cov_ema, s.noise_weight)
+  out['noise_scale'] = s.noise_scale  # the same ratio, as the state holds it
+  return out
+
+
+def _gsnr_report(s: ScaleByGsnrState) -> dict[str, jax.Array]:
+  computed = [jnp.asarray(c) for c in jax.tree.leaves(s.computed)]
+  if not computed:  # no parameters
+    nan = jnp.full([], jnp.nan, jnp.float32)
+    return {'gsnr_min': nan, 'gsnr_max': nan, 'num_pending_gsnr': jnp.zeros([], jnp.int32)}
+  computed = jnp.stack(computed)
+  gsnr = jnp.stack([jnp.asarray(g) for g in jax.tree.leaves(s.gsnr)])
+  some = jnp.any(computed)
+  return {
+      'gsnr_min': jnp.where(some, jnp.min(jnp.where(computed, gsnr, jnp.inf)), jnp.nan),
+      'gsnr_max': jnp.where(some, jnp.max(jnp.where(computed, gsnr, -jnp.inf)), jnp.nan),
+      'num_pending_gsnr': jnp.sum(~computed, dtype=jnp.int32),
+  }
+
+
+def _momentum_report(s: SgdSaiMomentumState) -> dict[str, jax.Array]:
+  return {'num_steps': s.count}
+
+
+# What statistics reports of each state the library creates, in this order of
+# precedence where two report the same name.
+_REPORTS = {
+    AccumulateState: _accumulation_report,
+    ScaleToNormState: _scale_to_norm_report,
+    NoiseScaleState: _noise_scale_report,
+    ScaleByGsnrState: _gsnr_report,
+    SgdSaiMomentumState: _momentum_report,
+}
+
+
+def _find_states(state: Any) -> list[Any]:
+  """The library's states in ``state``, in traversal order; inner states of accumulations too."""
+
+  def known(x):
+    return isinstance(x, tuple(_REPORTS))
+
+  found = []
+  for x in jax.tree.leaves(state, is_leaf=known):
+    if known(x):
+      found.append(x)
+      if isinstance(x, AccumulateState):
+        found.extend(_find_states(x.inner_state))
+  return found
 
 
 def statistics(state: Any) -> dict[str, jax.Array]:
-  r"""Returns the accumulation statistics of an optimizer state, for logging.
+  r"""Returns what an optimizer state holds to log: counters, hyperparameters, estimates.
 
-  Finds the :class:`AccumulateState` wherever it sits in a nested optimizer
-  state (inside ``optax.chain``, ``optax.inject_hyperparams``, or the
-  ``opt_state`` of a Flax ``nnx.Optimizer``); with several, the first one in
-  traversal order. Works under ``jax.jit``.
+  Finds the states of optax_gqc's transformations wherever they sit in a
+  nested optimizer state (inside ``optax.chain``, ``optax.inject_hyperparams``,
+  an accumulation's inner state, or the ``opt_state`` of a Flax
+  ``nnx.Optimizer``), and reports each as below. Where two report the same
+  name, an accumulation's entry comes first, then the others in traversal
+  order; pass a part of the state (``statistics(state[0])``) to read
+  another. Works under ``jax.jit``.
 
-  Args:
-    state: an optimizer state that contains an accumulation state.
+  An accumulation (:func:`accumulate`, and every optimizer and recipe built on
+  it) reports ``num_draws``, ``num_batches``, ``num_steps``,
+  ``num_skipped``, ``num_forced``, ``num_bad_hyperparams``,
+  ``last_num_draws``, ``last_grad_norm``,
+  ``acc_norm`` (the norm of the current mean gradient), ``microbatch_size``
+  (0 when not given); the noise scale ``noise_scale``
+  (:math:`B_\text{simple}`) with its parts ``grad_sq_norm_est`` and
+  ``trace_cov_est`` (bias-corrected EMAs; NaN until a step has averaged
+  two microbatches); and the gate's reported entries: its current
+  hyperparameters (e.g. ``threshold``), estimates and counters, but not the
+  running sums it keeps for itself (see :class:`~optax_gqc.gates.Gate`). A
+  gate entry whose name is taken gets a suffix ``_1``, ``_2``, ...
 
-  Returns:
-    A dict of 0-d arrays: ``num_draws``, ``num_batches``, ``num_steps``,
-    ``num_skipped``, ``num_forced``, ``last_num_draws``, ``last_grad_norm``,
-    ``acc_norm`` (the norm of the current mean gradient), ``microbatch_size``
-    (0 when not given); the noise scale ``noise_scale``
-    (:math:`B_\text{simple}`) with its parts ``grad_sq_norm_est`` and
-    ``trace_cov_est`` (bias-corrected EMAs; NaN until a step has averaged
-    two microbatches); and the gate's current hyperparameters (e.g.
-    ``threshold``). A gate entry whose name is taken gets a suffix ``_1``,
-    ``_2``, ...
+  :func:`scale_to_norm` (and so :func:`gnr` and its recipes) reports
+  ``num_steps``, ``target`` (the target norm at the latest update) and
+  ``grad_norm`` (the gradient's norm before rescaling). :func:`noise_scale`
+  reports ``noise_scale``, ``grad_sq_norm_est`` and ``trace_cov_est``.
+  :func:`scale_by_gsnr` (and so :func:`sgd_sai`) reports ``gsnr_min`` and
+  ``gsnr_max`` over the leaves that have their g-SNR (NaN while none has),
+  ``num_pending_gsnr``, the leaves still waiting for a non-zero gradient,
+  and, in :func:`sgd_sai`, ``num_steps``; the per-leaf factors are in
+  ``optax.tree.get(state, 'gsnr')``.
 
   ``num_forced`` counts the steps that ``max_draws`` forced while the gate was
   closed. A few are normal (a noisy stretch); if it grows with ``num_steps``,
@@ -515,38 +697,37 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   combine the gate with :func:`optax_gqc.gates.relative_error_below` through
   :func:`optax_gqc.gates.any_of`.
 
+  ``num_bad_hyperparams`` counts the microbatches at which a hyperparameter
+  was out of its domain at run time, where ``jax.jit`` cannot raise: a
+  schedule that returned NaN or a negative value, or a bad value injected by
+  ``optax.inject_hyperparams``. It adds up the engine's count (``max_draws``,
+  ``noise_decay``) and every gate's (which stays closed meanwhile, so that
+  ``max_draws`` forces the steps). It is 0 in a healthy run.
+
+  Args:
+    state: an optimizer state that holds a state of optax_gqc.
+
+  Returns:
+    A dict of 0-d arrays.
+
   Raises:
-    ValueError: if ``state`` holds no accumulation state.
+    ValueError: if ``state`` holds no state that optax_gqc reports on (a
+      plain ``optax.adam`` state, say).
   """
-  found = [
-      s
-      for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, AccumulateState))
-      if isinstance(s, AccumulateState)
-  ]
-  if not found:
-    raise ValueError('statistics: the optimizer state holds no accumulation state')
-  s = jax.tree.map(
-      lambda x: x.get_value() if _is_variable(x) else x, found[0], is_leaf=_is_variable
+  state = jax.tree.map(
+      lambda x: x.get_value() if _is_variable(x) else x, state, is_leaf=_is_variable
   )
-  out = {
-      name: getattr(s, name)
-      for name in (
-          'num_draws',
-          'num_batches',
-          'num_steps',
-          'num_skipped',
-          'num_forced',
-          'last_num_draws',
-          'last_grad_norm',
-          'acc_norm',
-          'microbatch_size',
-      )
-  }
-  # The EMAs are in microbatches; in examples where the microbatch size is known.
-  examples = jnp.where(s.microbatch_size > 0, s.microbatch_size, 1).astype(jnp.float32)
-  weight = jnp.where(s.noise_weight > 0, s.noise_weight, jnp.nan)
-  out['grad_sq_norm_est'] = s.grad_sq_norm_ema / weight
-  out['trace_cov_est'] = s.trace_cov_ema / weight * examples
-  out['noise_scale'] = out['trace_cov_est'] / out['grad_sq_norm_est']
-  _flat_gate_stats(s.gate_state, out)
+  found = _find_states(state)
+  if not found:
+    raise ValueError(
+        'statistics: the optimizer state holds no state of optax_gqc to report on. Pass the '
+        'state of an accumulation (accumulate, gnts, sbc, ... and their recipes), gnr or '
+        'scale_to_norm, noise_scale, or sgd_sai / scale_by_gsnr; got '
+        f'{type(state).__name__}'
+    )
+  found.sort(key=lambda x: not isinstance(x, AccumulateState))  # stable: accumulations first
+  out = {}
+  for s in found:
+    for name, value in _REPORTS[type(s)](s).items():
+      out.setdefault(name, value)
   return out

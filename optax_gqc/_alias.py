@@ -4,7 +4,7 @@ from typing import Any
 
 import optax
 
-from optax_gqc import gates
+from optax_gqc import _checks, gates
 from optax_gqc._accumulation import accumulate
 from optax_gqc._scale_to_norm import scale_to_norm
 
@@ -72,7 +72,7 @@ def sbc(
     logical_batch_size: optax.ScalarOrSchedule,
     microbatch_size: int,
     *,
-    max_draws: int = 64,
+    max_draws: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
     axis_name: Any = None,
@@ -81,16 +81,21 @@ def sbc(
 
   Steps ``inner`` when :math:`n \cdot \text{microbatch\_size} \ge
   \text{logical\_batch\_size}(t)`. With a constant ``k * microbatch_size`` it
-  gives the same updates as ``optax.MultiSteps(inner, k)``, but runs ``inner``
-  only on the microbatches that step. The port of torch-gqc's
-  ``OptimizerWrapperSBC``.
+  gives the same updates as ``optax.MultiSteps(inner, k)``, for every ``k``,
+  but runs ``inner`` only on the microbatches that step. The port of
+  torch-gqc's ``OptimizerWrapperSBC``, except that ``max_draws`` defaults to
+  no limit (torch-gqc's 64 would cap a logical batch of more than 64
+  microbatches, and nothing would say so).
 
   Args:
     inner: the optimizer that steps on the mean gradient.
     logical_batch_size: examples per optimizer step, constant or a schedule
       of the microbatch count.
     microbatch_size: examples per microbatch.
-    max_draws: the most microbatches accumulated before a step is forced.
+    max_draws: the most microbatches accumulated before a step is forced;
+      None (the default) for no limit. With a constant
+      ``logical_batch_size`` it must be at least
+      ``ceil(logical_batch_size / microbatch_size)``.
     accumulator_dtype: dtype of the accumulator; None means float32.
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
     axis_name: as in :func:`gnts`.
@@ -102,7 +107,7 @@ def sbc(
     >>> import optax, optax_gqc
     >>> tx = optax_gqc.sbc(optax.adam(1e-3), logical_batch_size=256, microbatch_size=32)
   """
-  return accumulate(
+  tx = accumulate(
       inner,
       gates.batch_size_at_least(logical_batch_size, microbatch_size),
       max_draws=max_draws,
@@ -111,6 +116,8 @@ def sbc(
       skip_nonfinite=skip_nonfinite,
       axis_name=axis_name,
   )
+  _checks.check_draws_reach_batch(logical_batch_size, microbatch_size, max_draws)
+  return tx
 
 
 def noise_ratio_accumulation(
@@ -243,4 +250,5 @@ def gnr(
     >>> import optax, optax_gqc
     >>> tx = optax_gqc.gnr(optax.adamw(1e-3), target=1.0)
   """
+  _checks.check_transformation('inner', inner)
   return optax.chain(scale_to_norm(target), inner)

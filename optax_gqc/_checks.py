@@ -1,11 +1,17 @@
-"""Argument checks shared by the public factories."""
+"""Argument checks shared by the public factories.
+
+Each error names the argument and says what to pass instead.
+"""
 
 import math
 import numbers
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+
+_INT32_MAX = 2**31 - 1
 
 
 def _concrete_float(name: str, value: Any) -> float | None:
@@ -17,16 +23,48 @@ def _concrete_float(name: str, value: Any) -> float | None:
   ):
     raise TypeError(
         f'{name} must be a number or a schedule (a function of the step count), '
-        f'got {type(value).__name__}'
+        f'got {type(value).__name__} {value!r}: pass a float, or a function of the step count'
     )
   if np.ndim(value) != 0:
-    raise ValueError(f'{name} must be a scalar, got shape {np.shape(value)}')
+    raise ValueError(
+        f'{name} must be a scalar, got an array of shape {np.shape(value)}: pass one number, '
+        'or a schedule that returns one'
+    )
   return float(value)
 
 
+def check_schedule(name: str, schedule: Any) -> None:
+  """Raises unless ``schedule`` maps a traced int32 step count to a scalar.
+
+  Traces it once (``jax.eval_shape``, no computation), so that a schedule that
+  cannot run under ``jax.jit`` fails here, with the fix, rather than at the
+  first update.
+  """
+  try:
+    out = jax.eval_shape(schedule, jax.ShapeDtypeStruct((), jnp.int32))
+  except Exception as e:  # any failure here would recur, less clearly, in update
+    raise TypeError(
+        f'{name}: the schedule fails on a traced step count ({type(e).__name__}: {e}). '
+        'Schedules run under jax.jit: use jnp functions, and jnp.where instead of '
+        'if/else on the step count'
+    ) from e
+  shape = getattr(out, 'shape', None)
+  dtype = getattr(out, 'dtype', None)
+  if shape != () or not (jnp.issubdtype(dtype, jnp.number) or dtype == jnp.bool_):
+    raise ValueError(
+        f'{name}: the schedule must return a numeric scalar, got '
+        f'{out if shape is None else f"shape {shape} of {dtype}"}: make it return one number '
+        'per step count'
+    )
+
+
 def check_scalar_or_schedule(name: str, value: Any, *, positive: bool = False) -> None:
-  """Raises if a constant hyperparameter is NaN, negative (or zero if `positive`)."""
+  """Raises if a constant hyperparameter is NaN, negative (or zero if `positive`).
+
+  A schedule must run on a traced step count and return a scalar.
+  """
   if callable(value):
+    check_schedule(name, value)
     return
   v = _concrete_float(name, value)
   if v is None:
@@ -43,10 +81,14 @@ def check_unit_interval(name: str, value: Any) -> None:
     raise ValueError(f'{name} must be in [0, 1), got {v}')
 
 
-def check_positive_int(name: str, value: Any) -> None:
-  """Raises unless `value` is an integer >= 1; a traced value passes unchecked."""
+def check_positive_int(name: str, value: Any, fix: str = '') -> None:
+  """Raises unless `value` is an int32 integer >= 1; a traced value passes unchecked.
+
+  ``fix`` is added to the message (e.g. "or None for no limit").
+  """
   if isinstance(value, jax.core.Tracer):
     return
+  want = f'pass an integer {name} >= 1{fix}'
   if isinstance(value, bool) or not (
       isinstance(value, numbers.Integral)
       or (
@@ -55,6 +97,70 @@ def check_positive_int(name: str, value: Any) -> None:
           and np.ndim(value) == 0
       )
   ):
-    raise TypeError(f'{name} must be an integer, got {value!r}')
+    raise TypeError(f'{name} must be an integer, got {type(value).__name__} {value!r}: {want}')
   if value < 1:
-    raise ValueError(f'{name} must be >= 1, got {value}')
+    raise ValueError(f'{name} must be >= 1, got {value}: {want}')
+  if value > _INT32_MAX:
+    raise ValueError(
+        f'{name} must be below 2**31 (it is kept as an int32), got {value}: pass at most '
+        f'{_INT32_MAX}{fix}'
+    )
+
+
+def check_transformation(name: str, value: Any) -> None:
+  """Raises unless ``value`` is an optax transformation (it has ``init`` and ``update``)."""
+  if hasattr(value, 'init') and hasattr(value, 'update'):
+    return
+  if callable(value):
+    raise TypeError(
+        f'{name} must be an optax transformation, got the function '
+        f'{getattr(value, "__name__", value)!r}: call it with its hyperparameters, e.g. '
+        f'{name}=optax.adamw(1e-3) rather than {name}=optax.adamw'
+    )
+  raise TypeError(
+      f'{name} must be an optax transformation such as optax.adamw(1e-3), '
+      f'got {type(value).__name__}'
+  )
+
+
+def check_bool(name: str, value: Any) -> None:
+  if not isinstance(value, bool | np.bool_):
+    raise TypeError(f'{name} must be True or False, got {type(value).__name__} {value!r}')
+
+
+def check_float_dtype(name: str, value: Any) -> None:
+  """Raises unless ``value`` is None or names a floating-point or complex dtype."""
+  if value is None:
+    return
+  try:
+    dtype = jnp.dtype(value)
+  except TypeError as e:
+    raise TypeError(f'{name} must be a dtype such as jnp.float32, or None, got {value!r}') from e
+  if not jnp.issubdtype(dtype, jnp.inexact):
+    raise ValueError(
+        f'{name} must be a floating-point (or complex) dtype, got {dtype}: an integer '
+        f'accumulator would truncate the mean. Pass {name}=jnp.float32, or None'
+    )
+
+
+def check_draws_reach_batch(
+    logical_batch_size: Any, microbatch_size: int, max_draws: Any, name: str = 'logical_batch_size'
+) -> None:
+  """Raises if ``max_draws`` would force every step before a constant batch is reached.
+
+  Schedules and traced values pass: their largest value is not known here.
+  """
+  if max_draws is None or callable(logical_batch_size):
+    return
+  size = _concrete_float(name, logical_batch_size)
+  if size is None or math.isinf(size):
+    return
+  if isinstance(max_draws, jax.core.Tracer) or isinstance(microbatch_size, jax.core.Tracer):
+    return
+  needed = math.ceil(size / microbatch_size)
+  if max_draws < needed:
+    raise ValueError(
+        f'max_draws ({max_draws}) is below the {needed} microbatches of {microbatch_size} '
+        f'examples that {name} ({size:g}) needs: every step would be forced by max_draws. '
+        f'Pass max_draws >= {needed}, or max_draws=None for no limit'
+    )

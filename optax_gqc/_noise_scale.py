@@ -152,8 +152,15 @@ def noise_scale(
 
   def update_fn(updates, state, params=None):
     del params
+    try:
+      devices = jax.lax.psum(1, axis_name)
+    except NameError as e:
+      raise NameError(
+          f'noise_scale: axis_name {axis_name!r} is not a mapped axis here ({e}): call update '
+          f'inside jax.shard_map (or pmap, or vmap with axis_name={axis_name!r}) over the '
+          'data-parallel axis'
+      ) from e
     _check_per_device(updates, axis_name)
-    devices = jax.lax.psum(1, axis_name)
     small_sq = jax.lax.pmean(sq_norm(updates), axis_name)
     big_sq = sq_norm(jax.lax.pmean(updates, axis_name))
     grad_sq, trace = noise_scale_estimates(batch, small_sq, devices * batch, big_sq)

@@ -7,16 +7,20 @@ as torch-gqc's factories do: the inner optimizer is built with
 microbatch count before every update.
 """
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks, gates
 from optax_gqc._accumulation import AccumulationTransformation, accumulate
 from optax_gqc._scale_to_norm import scale_to_norm
-from optax_gqc.schedules import (
+from optax_gqc.schedules import (  # _check_steps: the schedules' own check, kept in their leaf
+    _check_steps,
     constant_with_inverse_warmup,
     constant_with_warmup,
     cosine_with_inverse_warmup,
@@ -27,8 +31,42 @@ from optax_gqc.schedules import (
 
 def _check_base(name: str, value: Any) -> None:
   if callable(value):
-    raise TypeError(f'{name} must be a number: this recipe schedules it per microbatch')
+    raise TypeError(
+        f'{name} must be a number: this recipe schedules it per microbatch. Pass its value '
+        'after warmup, or build your own schedule with scheduled_accumulation'
+    )
   _checks.check_scalar_or_schedule(name, value)
+
+
+def _check_optimizer(optimizer: Any, names: Any) -> None:
+  """Raises unless ``optimizer`` is a factory that takes every argument in ``names``."""
+  if hasattr(optimizer, 'init') and hasattr(optimizer, 'update'):
+    raise TypeError(
+        'optimizer must be a factory such as optax.adamw, not a transformation built from '
+        'one (optax.adamw(1e-3)): the learning rate is scheduled per microbatch. Pass the '
+        'function itself, and its other arguments as keywords'
+    )
+  if not callable(optimizer):
+    raise TypeError(
+        f'optimizer must be a factory such as optax.adamw, got {type(optimizer).__name__}'
+    )
+  try:
+    parameters = inspect.signature(optimizer).parameters
+  except (TypeError, ValueError):  # no signature to read: inject_hyperparams will tell
+    return
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+    return
+  for name in names:
+    if name not in parameters:
+      hint = (
+          'pass weight_decay=None for an optimizer without one'
+          if name == 'weight_decay'
+          else 'schedule only arguments that it takes'
+      )
+      raise TypeError(
+          f'optimizer {getattr(optimizer, "__name__", optimizer)} takes no argument '
+          f'{name!r}: {hint}'
+      )
 
 
 def scheduled_accumulation(
@@ -36,9 +74,13 @@ def scheduled_accumulation(
     gate: gates.Gate,
     hyperparams: Mapping[str, optax.Schedule],
     *,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     microbatch_size: int | None = None,
+    accumulator_dtype: Any = None,
+    skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
+    hyperparam_dtype: Any = jnp.float32,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """An accumulation whose inner hyperparameters follow schedules of the *microbatch* count.
@@ -56,10 +98,20 @@ def scheduled_accumulation(
     gate: the accumulation's gate.
     hyperparams: schedules of the microbatch count, by argument name of
       ``optimizer`` (e.g. ``{'learning_rate': ...}``).
-    max_draws: the most microbatches accumulated before a step is forced.
+    max_draws: the most microbatches accumulated before a step is forced;
+      None for no limit.
     microbatch_size: examples per microbatch (optional, for statistics).
+    accumulator_dtype: dtype of the accumulator; None as in
+      :func:`optax_gqc.accumulate`.
+    skip_nonfinite: reject microbatches with a non-finite gradient norm.
+    scale_by_draws: multiplies the inner updates by a function of the draws
+      averaged; see :func:`optax_gqc.accumulate`.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
+    hyperparam_dtype: dtype of the injected hyperparameters, float32 by
+      default whatever the params' dtype: in bfloat16 (what
+      ``optax.inject_hyperparams`` would pick for bf16 params) Adam's
+      ``b2=0.999`` rounds to 1 and its updates turn NaN.
     **optimizer_kwargs: the other arguments of ``optimizer``.
 
   Returns:
@@ -73,11 +125,31 @@ def scheduled_accumulation(
     ...     optax.adamw, gates.norm_below(0.5),
     ...     {'learning_rate': optax.cosine_decay_schedule(1e-3, 10_000)}, weight_decay=0.1)
   """
-  inner = optax.inject_hyperparams(optimizer)(
+  if not isinstance(hyperparams, Mapping):
+    raise TypeError(
+        f'hyperparams must be a dict of schedules by argument name, got '
+        f'{type(hyperparams).__name__}: pass e.g. {{"learning_rate": schedule}}'
+    )
+  for name, schedule in hyperparams.items():
+    if not callable(schedule):
+      raise TypeError(
+          f'hyperparams[{name!r}] must be a schedule (a function of the microbatch count), '
+          f'got {schedule!r}: pass a constant as a keyword argument of the optimizer'
+      )
+    _checks.check_schedule(f'hyperparams[{name!r}]', schedule)
+  _check_optimizer(optimizer, hyperparams)
+  inner = optax.inject_hyperparams(optimizer, hyperparam_dtype=hyperparam_dtype)(
       **optimizer_kwargs, **{k: s(jnp.zeros([], jnp.int32)) for k, s in hyperparams.items()}
   )
   tx = accumulate(
-      inner, gate, max_draws=max_draws, microbatch_size=microbatch_size, axis_name=axis_name
+      inner,
+      gate,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )
 
   def scheduled(state):
@@ -95,22 +167,91 @@ def scheduled_accumulation(
   return AccumulationTransformation(tx.init, update_fn, update_and_apply_fn)
 
 
-def _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps):
-  """torch-gqc's usual recipe: lr warms up and stays; weight decay warms up, then anneals to 0."""
-  _check_base('learning_rate', learning_rate)
-  out = {'learning_rate': constant_with_warmup(learning_rate, warmup_steps)}
-  if weight_decay is not None:
-    _check_base('weight_decay', weight_decay)
-    out['weight_decay'] = cosine_with_warmup(weight_decay, 0.0, warmup_steps, total_steps)
-  return out
+# The accumulation's arguments, which a recipe forwards as they are.
+_ENGINE_ARGS = (
+    'max_draws',
+    'microbatch_size',
+    'accumulator_dtype',
+    'skip_nonfinite',
+    'axis_name',
+)
+# The arguments every recipe reads itself; any other is one of its numbers, >= 0.
+_OWN_ARGS = (
+    'learning_rate',
+    'total_steps',
+    'warmup_steps',
+    'weight_decay',
+    'optimizer',
+    'optimizer_kwargs',
+    *_ENGINE_ARGS,
+)
 
 
-def _conventional_lr(learning_rate, warmup_steps, total_steps):
-  """The ``_conventional_lr`` recipes: lr warms up, then a quarter cosine to 0."""
-  _check_base('learning_rate', learning_rate)
-  return {'learning_rate': cosine_with_warmup(learning_rate, 0.0, warmup_steps, total_steps)}
+def _recipe(*, conventional_lr: bool, gnr: bool = False):
+  """Makes a recipe of a function that returns its gate, built by one helper for all.
+
+  The decorated function keeps its signature and docstring, and its body
+  returns only what sets the recipe apart: its gate (with ``gnr``, the
+  schedule of its target norm). The rest is the same for every recipe, and
+  done here: the arguments are checked (every number >= 0, ``warmup_steps <=
+  total_steps``, ``optimizer`` a factory), the learning rate and the weight
+  decay are scheduled per microbatch as torch-gqc's factories schedule them,
+  and the transformation is built: :func:`scheduled_accumulation`, or for
+  GNR, which steps on every microbatch, ``optimizer`` behind
+  :func:`scale_to_norm`.
+
+  Args:
+    conventional_lr: the ``_conventional_lr`` recipes: the learning rate warms
+      up, then anneals by a quarter cosine to 0; a weight decay (in
+      ``optimizer_kwargs``) is not scheduled. Otherwise torch-gqc's usual
+      recipe: the learning rate warms up and stays; ``weight_decay``, unless
+      None, warms up, then anneals by a quarter cosine to 0.
+    gnr: the function returns the target norm's schedule, not a gate.
+  """
+
+  def decorate(build):
+    signature = inspect.signature(build)
+
+    @functools.wraps(build)
+    def recipe(*args, **kwargs):
+      bound = signature.bind(*args, **kwargs)
+      bound.apply_defaults()
+      a = bound.arguments
+      lr, total, warmup = a['learning_rate'], a['total_steps'], a['warmup_steps']
+      _check_steps(warmup, total)
+      if warmup > total:
+        raise ValueError(
+            f'warmup_steps ({warmup}) must be <= total_steps ({total}): the warmup is part '
+            'of the run. Pass warmup_steps <= total_steps'
+        )
+      _check_base('learning_rate', lr)
+      for name, value in a.items():
+        if name not in _OWN_ARGS:
+          _check_base(name, value)
+      if conventional_lr:
+        hyperparams = {'learning_rate': cosine_with_warmup(lr, 0.0, warmup, total)}
+      else:
+        hyperparams = {'learning_rate': constant_with_warmup(lr, warmup)}
+        if a.get('weight_decay') is not None:
+          _check_base('weight_decay', a['weight_decay'])
+          hyperparams['weight_decay'] = cosine_with_warmup(a['weight_decay'], 0.0, warmup, total)
+      optimizer, optimizer_kwargs = a['optimizer'], a['optimizer_kwargs']
+      _check_optimizer(optimizer, [*hyperparams, *optimizer_kwargs])
+      made = build(*bound.args, **bound.kwargs)
+      if gnr:
+        # GNR steps on every microbatch, so the optimizer's own count is the
+        # microbatch count and inject_hyperparams can evaluate the schedules.
+        injected = optax.inject_hyperparams(optimizer, hyperparam_dtype=jnp.float32)
+        return optax.chain(scale_to_norm(made), injected(**optimizer_kwargs, **hyperparams))
+      engine = {name: a[name] for name in _ENGINE_ARGS if name in a}
+      return scheduled_accumulation(optimizer, made, hyperparams, **engine, **optimizer_kwargs)
+
+    return recipe
+
+  return decorate
 
 
+@_recipe(conventional_lr=False)
 def gnts_with_cosine_schedule(
     learning_rate: float,
     total_steps: int,
@@ -122,6 +263,9 @@ def gnts_with_cosine_schedule(
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     weight_decay: float | None = 0.01,
+    microbatch_size: int | None = None,
+    accumulator_dtype: Any = None,
+    skip_nonfinite: bool = True,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -147,9 +291,18 @@ def gnts_with_cosine_schedule(
       ``weight_decay`` unless it is None), e.g. ``optax.adamw``.
     weight_decay: the inner weight decay after warmup; None for an optimizer
       without one. torch's ``AdamW`` default, 0.01, by default.
+    microbatch_size: examples per microbatch (optional: the noise scale is
+      then reported in examples).
+    accumulator_dtype: dtype of the accumulator; None as in
+      :func:`optax_gqc.accumulate`.
+    skip_nonfinite: reject microbatches with a non-finite gradient norm.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: further arguments of ``optimizer``.
+
+  The hyperparameters of ``optimizer`` are kept in float32 whatever the
+  params' dtype (see :func:`scheduled_accumulation`), so the recipes work on
+  bfloat16 params.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs` called once per
@@ -161,16 +314,14 @@ def gnts_with_cosine_schedule(
     >>> tx = optax_gqc.gnts_with_cosine_schedule(
     ...     3e-3, total_steps=10_000, warmup_steps=500)
   """
-  threshold = cosine_with_inverse_warmup(
-      initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
-  )
-  hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
-  gate = gates.norm_below(threshold)
-  return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
+  return gates.norm_below(
+      cosine_with_inverse_warmup(
+          initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
+      )
   )
 
 
+@_recipe(conventional_lr=True)
 def gnts_with_cosine_schedule_conventional_lr(
     learning_rate: float,
     total_steps: int,
@@ -181,6 +332,9 @@ def gnts_with_cosine_schedule_conventional_lr(
     max_draws: int = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    microbatch_size: int | None = None,
+    accumulator_dtype: Any = None,
+    skip_nonfinite: bool = True,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -192,25 +346,14 @@ def gnts_with_cosine_schedule_conventional_lr(
   (in ``optimizer_kwargs``) is not scheduled. Arguments as in
   :func:`gnts_with_cosine_schedule`.
   """
-  threshold = cosine_with_inverse_warmup(
-      initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
-  )
-  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
-  gate = gates.norm_below(threshold)
-  return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
+  return gates.norm_below(
+      cosine_with_inverse_warmup(
+          initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
+      )
   )
 
 
-def _gnr_recipe(target, optimizer, hyperparams, optimizer_kwargs):
-  # GNR steps on every microbatch, so the optimizer's own count is the
-  # microbatch count and inject_hyperparams can evaluate the schedules itself.
-  return optax.chain(
-      scale_to_norm(target),
-      optax.inject_hyperparams(optimizer)(**optimizer_kwargs, **hyperparams),
-  )
-
-
+@_recipe(conventional_lr=False, gnr=True)
 def gnr_with_cosine_schedule(
     learning_rate: float,
     initial_norm: float,
@@ -245,13 +388,10 @@ def gnr_with_cosine_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  _check_base('initial_norm', initial_norm)
-  _check_base('final_norm', final_norm)
-  target = cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
-  hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
-  return _gnr_recipe(target, optimizer, hyperparams, optimizer_kwargs)
+  return cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
 
 
+@_recipe(conventional_lr=True, gnr=True)
 def gnr_with_cosine_schedule_conventional_lr(
     learning_rate: float,
     initial_norm: float,
@@ -269,13 +409,10 @@ def gnr_with_cosine_schedule_conventional_lr(
   norm follows :func:`gnr_with_cosine_schedule`; the weight decay is not
   scheduled. Arguments as in :func:`gnr_with_cosine_schedule`.
   """
-  _check_base('initial_norm', initial_norm)
-  _check_base('final_norm', final_norm)
-  target = cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
-  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
-  return _gnr_recipe(target, optimizer, hyperparams, optimizer_kwargs)
+  return cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
 
 
+@_recipe(conventional_lr=False)
 def sbc_with_polynomial_schedule(
     learning_rate: float,
     microbatch_size: int,
@@ -288,6 +425,8 @@ def sbc_with_polynomial_schedule(
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     weight_decay: float | None = 0.01,
+    accumulator_dtype: Any = None,
+    skip_nonfinite: bool = True,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -303,16 +442,22 @@ def sbc_with_polynomial_schedule(
 
   Args:
     learning_rate: the inner optimizer's learning rate after warmup.
-    microbatch_size: examples per microbatch (``physical_batch_size``).
+    microbatch_size: examples per microbatch (``physical_batch_size``); the
+      noise scale is reported in examples.
     initial_batch_size: logical batch size at the end of the warmup.
     final_batch_size: logical batch size at ``total_steps``.
     total_steps: microbatches in the run.
     warmup_steps: microbatches of warmup.
     power: exponent of the polynomial (``polynomial_power``).
-    max_draws: the most microbatches accumulated before a step is forced.
+    max_draws: the most microbatches accumulated before a step is forced
+      (torch-gqc's default, 64; None for no limit). Steps that it forces
+      before the logical batch is reached count in ``num_forced``.
     optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
     weight_decay: the inner weight decay after warmup; None for an optimizer
       without one.
+    accumulator_dtype: dtype of the accumulator; None as in
+      :func:`optax_gqc.accumulate`.
+    skip_nonfinite: reject microbatches with a non-finite gradient norm.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: further arguments of ``optimizer``.
@@ -320,16 +465,15 @@ def sbc_with_polynomial_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs` called once per microbatch.
   """
-  batch = polynomial_with_warmup(
-      initial_batch_size, final_batch_size, warmup_steps, total_steps, power
-  )
-  hyperparams = _constant_lr_decaying_wd(learning_rate, weight_decay, warmup_steps, total_steps)
-  gate = gates.batch_size_at_least(batch, microbatch_size)
-  return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
+  return gates.batch_size_at_least(
+      polynomial_with_warmup(
+          initial_batch_size, final_batch_size, warmup_steps, total_steps, power
+      ),
+      microbatch_size,
   )
 
 
+@_recipe(conventional_lr=True)
 def sbc_with_polynomial_schedule_conventional_lr(
     learning_rate: float,
     microbatch_size: int,
@@ -341,6 +485,8 @@ def sbc_with_polynomial_schedule_conventional_lr(
     max_draws: int = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    accumulator_dtype: Any = None,
+    skip_nonfinite: bool = True,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -351,16 +497,15 @@ def sbc_with_polynomial_schedule_conventional_lr(
   logical batch follows :func:`sbc_with_polynomial_schedule`; the weight decay
   is not scheduled. Arguments as in :func:`sbc_with_polynomial_schedule`.
   """
-  batch = polynomial_with_warmup(
-      initial_batch_size, final_batch_size, warmup_steps, total_steps, power
-  )
-  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
-  gate = gates.batch_size_at_least(batch, microbatch_size)
-  return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
+  return gates.batch_size_at_least(
+      polynomial_with_warmup(
+          initial_batch_size, final_batch_size, warmup_steps, total_steps, power
+      ),
+      microbatch_size,
   )
 
 
+@_recipe(conventional_lr=True)
 def gns_with_cosine_schedule(
     learning_rate: float,
     initial_tolerance: float,
@@ -371,6 +516,9 @@ def gns_with_cosine_schedule(
     max_draws: int = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    microbatch_size: int | None = None,
+    accumulator_dtype: Any = None,
+    skip_nonfinite: bool = True,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -391,6 +539,10 @@ def gns_with_cosine_schedule(
     warmup_multiplier: the tolerance starts at this times ``initial_tolerance``.
     max_draws: the most microbatches accumulated before a step is forced.
     optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
+    microbatch_size: examples per microbatch (optional, for statistics).
+    accumulator_dtype: dtype of the accumulator; None as in
+      :func:`optax_gqc.accumulate`.
+    skip_nonfinite: reject microbatches with a non-finite gradient norm.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: further arguments of ``optimizer``.
@@ -398,16 +550,14 @@ def gns_with_cosine_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  tolerance = cosine_with_inverse_warmup(
-      initial_tolerance, final_tolerance, warmup_steps, total_steps, warmup_multiplier
-  )
-  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
-  gate = gates.noise_ratio_below(tolerance)
-  return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
+  return gates.noise_ratio_below(
+      cosine_with_inverse_warmup(
+          initial_tolerance, final_tolerance, warmup_steps, total_steps, warmup_multiplier
+      )
   )
 
 
+@_recipe(conventional_lr=True)
 def gns_default(
     learning_rate: float,
     tolerance: float,
@@ -416,6 +566,9 @@ def gns_default(
     max_draws: int = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    microbatch_size: int | None = None,
+    accumulator_dtype: Any = None,
+    skip_nonfinite: bool = True,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -427,13 +580,10 @@ def gns_default(
   factory keeps) to ``tolerance`` over the warmup, then stays. Arguments as in
   :func:`gns_with_cosine_schedule`.
   """
-  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
-  gate = gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup_steps))
-  return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
-  )
+  return gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup_steps))
 
 
+@_recipe(conventional_lr=True)
 def mht_with_warmup_schedule(
     learning_rate: float,
     confidence: float,
@@ -444,6 +594,9 @@ def mht_with_warmup_schedule(
     *,
     decay: float = 0.99,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    microbatch_size: int | None = None,
+    accumulator_dtype: Any = None,
+    skip_nonfinite: bool = True,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -464,6 +617,10 @@ def mht_with_warmup_schedule(
     max_draws: the most microbatches accumulated before a step is forced.
     decay: the loss EMA's decay (torch-gqc's ``update_beta`` is ``1 - decay``).
     optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
+    microbatch_size: examples per microbatch (optional, for statistics).
+    accumulator_dtype: dtype of the accumulator; None as in
+      :func:`optax_gqc.accumulate`.
+    skip_nonfinite: reject microbatches with a non-finite gradient norm.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: further arguments of ``optimizer``.
@@ -471,12 +628,9 @@ def mht_with_warmup_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  gate = gates.loss_interval(
+  _checks.check_unit_interval('confidence', confidence)  # _recipe checked it is a number >= 0
+  return gates.loss_interval(
       cosine_with_warmup(confidence, confidence, warmup_steps, total_steps),
       cosine_with_warmup(percent_error, percent_error, warmup_steps, total_steps),
       decay=decay,
-  )
-  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
-  return scheduled_accumulation(
-      optimizer, gate, hyperparams, max_draws=max_draws, axis_name=axis_name, **optimizer_kwargs
   )

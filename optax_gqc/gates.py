@@ -5,6 +5,13 @@ few scalars of its own kept in the optimizer state. Pass one to
 :func:`optax_gqc.accumulate`. Hyperparameters are floats or schedules, i.e.
 functions of ``t``, the number of microbatches accepted before the current one
 (torch-gqc advances its schedules once per microbatch too).
+
+A hyperparameter that leaves its domain at run time (a schedule that returns
+NaN or a negative value, a confidence outside [0, 1), a NaN injected by
+``optax.inject_hyperparams``), which ``jax.jit`` cannot raise on, closes the
+gate that reads it: the accumulation goes on until ``max_draws`` forces a
+step (counted in ``num_forced``), and the gate counts the microbatch in
+``num_bad_hyperparams``. A constant out of its domain raises at construction.
 """
 
 from collections.abc import Callable
@@ -52,10 +59,25 @@ class DrawStats(NamedTuple):
 class Gate(NamedTuple):
   """A decision rule: when is the accumulated mean gradient good enough?
 
+  The gate state is a dict of 0-d arrays whose structure and dtypes are fixed
+  by ``init`` (a combination of gates, :func:`any_of` or :func:`all_of`, holds
+  a tuple of its gates' dicts). Its names say who reads them:
+
+  - a plain name (``threshold``, ``loss_ema``, ``target_batch_size``) is for
+    the user: the current value of a hyperparameter, an estimate, or a
+    counter. :func:`optax_gqc.statistics` reports it, and
+    ``optax.tree.get(state, name)`` finds it;
+  - a name that begins with an underscore (``_loss_m2``) is the gate's own:
+    a running sum it needs for its next decision, which means nothing
+    outside it. :func:`optax_gqc.statistics` leaves it out.
+
+  A gate with hyperparameters counts, in ``num_bad_hyperparams`` (int32), the
+  microbatches at which one of them was out of its domain; it then stays
+  closed. :func:`optax_gqc.statistics` reports the total over the engine
+  and all its gates under that one name: 0 in a healthy run.
+
   Attributes:
-    init: ``() -> gate_state``, a pytree of scalars fixed at ``init``. By
-      convention a dict whose entries include the gate's current
-      hyperparameters (e.g. ``threshold``), so :func:`statistics` reports them.
+    init: ``() -> gate_state``, the dict above.
     update: ``(stats, gate_state, **extra_args) -> (step, gate_state)`` with
       ``stats`` a :class:`DrawStats` and ``step`` a boolean scalar.
   """
@@ -64,21 +86,51 @@ class Gate(NamedTuple):
   update: Callable[..., tuple[jax.Array, Any]]
 
 
-def _value_at(hyperparam: optax.ScalarOrSchedule, t: jax.Array) -> jax.Array:
+def _value_at(name: str, hyperparam: optax.ScalarOrSchedule, t: jax.Array) -> jax.Array:
+  """The hyperparameter's value at microbatch ``t``, a float32 scalar."""
   value = hyperparam(t) if callable(hyperparam) else hyperparam
+  if jnp.ndim(value) != 0:
+    raise ValueError(
+        f'{name} must be a scalar, but it is (or its schedule returned) an array of shape '
+        f'{jnp.shape(value)}: make the schedule return one number per step count'
+    )
   return jnp.array(value, jnp.float32)  # a copy: never share a buffer with the caller
 
 
+def _outside(value: jax.Array, low: float = 0.0, high: float | None = None, *, strict=False):
+  """Whether ``value`` is NaN or outside ``[low, high)``; ``(low, ...`` if ``strict``."""
+  inside = value > low if strict else value >= low
+  if high is not None:
+    inside = inside & (value < high)
+  return ~inside
+
+
+def _count_bad(gate_state: Any, *bad: jax.Array) -> jax.Array:
+  """``num_bad_hyperparams`` plus one if any of ``bad`` holds."""
+  return gate_state['num_bad_hyperparams'] + jnp.any(jnp.stack(bad)).astype(jnp.int32)
+
+
+def _no_bad() -> jax.Array:
+  return jnp.zeros([], jnp.int32)
+
+
 def _scheduled_gate(name: str, hyperparam: optax.ScalarOrSchedule, rule) -> Gate:
-  """A gate with one scheduled hyperparameter, reported under ``name``."""
+  """A gate with one scheduled hyperparameter >= 0, reported under ``name``."""
 
   def init():
-    return {name: _value_at(hyperparam, jnp.zeros([], jnp.int32))}
+    return {
+        name: _value_at(name, hyperparam, jnp.zeros([], jnp.int32)),
+        'num_bad_hyperparams': _no_bad(),
+    }
 
   def update(stats, gate_state, **extra_args):
-    del gate_state, extra_args
-    value = _value_at(hyperparam, stats.num_batches)
-    return rule(stats, value), {name: value}
+    del extra_args
+    value = _value_at(name, hyperparam, stats.num_batches)
+    bad = _outside(value)
+    return ~bad & rule(stats, value), {
+        name: value,
+        'num_bad_hyperparams': _count_bad(gate_state, bad),
+    }
 
   return Gate(init, update)
 
@@ -133,9 +185,10 @@ def norm_below(
     t0 = jnp.zeros([], jnp.int32)
     return {
         'threshold': jnp.full([], jnp.nan, jnp.float32),
-        'threshold_ratio': _value_at(threshold, t0),
-        'grad_norm_ema': jnp.full([], jnp.nan, jnp.float32),
-    }  # NaN: no norm seen yet
+        'threshold_ratio': _value_at('threshold', threshold, t0),
+        'grad_norm_ema': jnp.full([], jnp.nan, jnp.float32),  # NaN: no norm seen yet
+        'num_bad_hyperparams': _no_bad(),
+    }
 
   def update(stats, gate_state, **extra_args):
     del extra_args
@@ -143,12 +196,14 @@ def norm_below(
     unit = jnp.where(
         jnp.isnan(unit), stats.grad_norm, decay * unit + (1.0 - decay) * stats.grad_norm
     )
-    ratio = _value_at(threshold, stats.num_batches)
+    ratio = _value_at('threshold', threshold, stats.num_batches)
+    bad = _outside(ratio)
     limit = ratio * unit
-    return stats.acc_norm <= limit, {
+    return ~bad & (stats.acc_norm <= limit), {
         'threshold': limit,
         'threshold_ratio': ratio,
         'grad_norm_ema': unit,
+        'num_bad_hyperparams': _count_bad(gate_state, bad),
     }
 
   return Gate(init, update)
@@ -272,23 +327,30 @@ def critical_batch(
 
   def init():
     return {
-        'fraction': _value_at(fraction, jnp.zeros([], jnp.int32)),
+        'fraction': _value_at('fraction', fraction, jnp.zeros([], jnp.int32)),
         'target_batch_size': jnp.array(bootstrap_draws * microbatch_size, jnp.float32),
-        'steps_since_probe': jnp.zeros([], jnp.int32),
+        'num_bad_hyperparams': _no_bad(),
+        '_steps_since_probe': jnp.zeros([], jnp.int32),
     }
 
   def update(stats, gate_state, **extra_args):
     del extra_args
-    f = _value_at(fraction, stats.num_batches)
+    f = _value_at('fraction', fraction, stats.num_batches)
+    bad = _outside(f, strict=True)
     target = jnp.clip(f * stats.noise_scale * microbatch_size, lower, upper)
     target = jnp.where(jnp.isnan(stats.noise_scale), bootstrap_draws * microbatch_size, target)
-    since = gate_state['steps_since_probe']
+    since = gate_state['_steps_since_probe']
     if probe_every:
       probe = (target < 2 * microbatch_size) & (since + 1 >= probe_every)
       target = jnp.where(probe, 2.0 * microbatch_size, target)
-    step = stats.num_draws * microbatch_size >= target
+    step = ~bad & (stats.num_draws * microbatch_size >= target)
     since = jnp.where(step, jnp.where(stats.num_draws >= 2, 0, since + 1), since)
-    return step, {'fraction': f, 'target_batch_size': target, 'steps_since_probe': since}
+    return step, {
+        'fraction': f,
+        'target_batch_size': target,
+        'num_bad_hyperparams': _count_bad(gate_state, bad),
+        '_steps_since_probe': since,
+    }
 
   return Gate(init, update)
 
@@ -330,20 +392,27 @@ def noise_ratio_below(tolerance: optax.ScalarOrSchedule) -> Gate:
   def init():
     zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
     return {
-        'tolerance': _value_at(tolerance, jnp.zeros([], jnp.int32)),
-        'norm_mean': zero(),
-        'norm_m2': zero(),
+        'tolerance': _value_at('tolerance', tolerance, jnp.zeros([], jnp.int32)),
+        'num_bad_hyperparams': _no_bad(),
+        '_norm_mean': zero(),
+        '_norm_m2': zero(),
     }
 
   def update(stats, gate_state, **extra_args):
     del extra_args
     n = stats.num_draws
-    mean, m2 = _welford(gate_state['norm_mean'], gate_state['norm_m2'], stats.grad_norm, n)
+    mean, m2 = _welford(gate_state['_norm_mean'], gate_state['_norm_m2'], stats.grad_norm, n)
     variance = m2 / jnp.maximum(n - 1, 1)
     mean_sq = jnp.square(mean) + m2 / n
-    tol = _value_at(tolerance, stats.num_batches)
-    step = (n >= 2) & (variance / (mean_sq + 1e-8) <= n * tol)
-    return step, {'tolerance': tol, 'norm_mean': mean, 'norm_m2': m2}
+    tol = _value_at('tolerance', tolerance, stats.num_batches)
+    bad = _outside(tol)
+    step = ~bad & (n >= 2) & (variance / (mean_sq + 1e-8) <= n * tol)
+    return step, {
+        'tolerance': tol,
+        'num_bad_hyperparams': _count_bad(gate_state, bad),
+        '_norm_mean': mean,
+        '_norm_m2': m2,
+    }
 
   return Gate(init, update)
 
@@ -359,8 +428,8 @@ def loss_interval(
   Takes the microbatch loss through ``update(..., value=loss)``. The judged
   values are an EMA of all losses (:math:`r \leftarrow l` at the first, then
   :math:`r \leftarrow \delta r + (1 - \delta) l` with :math:`\delta` the
-  ``decay``) and the :math:`n` losses since the last step. With :math:`m` and
-  :math:`s` their mean and standard error (Bessel-corrected,
+  ``decay``) and the :math:`n` finite losses since the last step. With
+  :math:`m` and :math:`s` their mean and standard error (Bessel-corrected,
   :math:`+10^{-12}`), it steps when the Student-t interval at ``confidence``
   with :math:`n` degrees of freedom lies inside
   :math:`m (1 \pm \text{percent\_error})`:
@@ -376,19 +445,27 @@ def loss_interval(
   combined exactly with the EMA: a few scalars, no list. The port of
   torch-gqc's ``OptimizerWrapperMHT``.
 
+  A loss that is NaN or infinite while the gradient is finite is left out of
+  the test: the gate judges the finite losses alone (the microbatch's
+  gradient is still accumulated) and counts it in ``num_skipped_losses``.
+  With no finite loss since the last step, the gate stays closed.
+
   Args:
     confidence: the interval's confidence in [0, 1), constant or a schedule.
     percent_error: its allowed half-width relative to the mean, >= 0.
     decay: the loss EMA's decay; torch-gqc's ``update_beta`` is ``1 - decay``.
 
   Returns:
-    A :class:`Gate` whose state reports ``confidence``, ``percent_error`` and
-    ``loss_ema``.
+    A :class:`Gate` whose state reports ``confidence``, ``percent_error``,
+    ``loss_ema``, ``num_skipped_losses`` and ``num_bad_hyperparams``.
 
   Raises:
-    ValueError: at the first trace, if ``update`` gets no ``value``.
+    ValueError: at the first trace, if ``update`` gets no ``value``, or a
+      ``value`` that is not a scalar.
   """
   _checks.check_scalar_or_schedule('confidence', confidence)
+  if not callable(confidence):
+    _checks.check_unit_interval('confidence', confidence)
   _checks.check_scalar_or_schedule('percent_error', percent_error)
   _checks.check_unit_interval('decay', decay)
 
@@ -396,11 +473,14 @@ def loss_interval(
     zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
     t0 = jnp.zeros([], jnp.int32)
     return {
-        'confidence': _value_at(confidence, t0),
-        'percent_error': _value_at(percent_error, t0),
+        'confidence': _value_at('confidence', confidence, t0),
+        'percent_error': _value_at('percent_error', percent_error, t0),
         'loss_ema': jnp.full([], jnp.nan, jnp.float32),  # NaN: no loss seen yet
-        'loss_mean': zero(),
-        'loss_m2': zero(),
+        'num_skipped_losses': jnp.zeros([], jnp.int32),
+        'num_bad_hyperparams': _no_bad(),
+        '_num_losses': jnp.zeros([], jnp.int32),  # finite losses since the last step
+        '_loss_mean': zero(),
+        '_loss_m2': zero(),
     }
 
   def update(stats, gate_state, *, value=None, **extra_args):
@@ -409,25 +489,42 @@ def loss_interval(
       raise ValueError(
           'loss_interval needs the loss: call update(grads, state, params, value=loss)'
       )
+    if jnp.ndim(value) != 0:
+      raise ValueError(
+          f'value must be the scalar loss of the microbatch, got shape {jnp.shape(value)}: '
+          'pass its mean (value=loss.mean())'
+      )
     loss = jnp.asarray(value, jnp.float32)
-    n = stats.num_draws
+    finite = jnp.isfinite(loss)
+    n = jnp.where(stats.num_draws == 1, 0, gate_state['_num_losses']) + finite
     ema = gate_state['loss_ema']
-    ema = jnp.where(jnp.isnan(ema), loss, ema * decay + loss * (1.0 - decay))
-    mean_l, m2_l = _welford(gate_state['loss_mean'], gate_state['loss_m2'], loss, n)
+    ema = jnp.where(
+        finite, jnp.where(jnp.isnan(ema), loss, ema * decay + loss * (1.0 - decay)), ema
+    )
+    mean_l, m2_l = _welford(
+        gate_state['_loss_mean'], gate_state['_loss_m2'], loss, jnp.maximum(n, 1)
+    )
+    mean_l = jnp.where(finite, mean_l, gate_state['_loss_mean'])
+    m2_l = jnp.where(finite, m2_l, gate_state['_loss_m2'])
     # The n losses together with the EMA: n + 1 values, n degrees of freedom.
     mean = (n * mean_l + ema) / (n + 1)
     m2 = m2_l + n / (n + 1) * jnp.square(ema - mean_l)
     scale = jnp.sqrt(m2 / n) / jnp.sqrt(n + 1.0) + 1e-12
-    conf = _value_at(confidence, stats.num_batches)
-    error = _value_at(percent_error, stats.num_batches)
+    conf = _value_at('confidence', confidence, stats.num_batches)
+    error = _value_at('percent_error', percent_error, stats.num_batches)
+    bad = (_outside(conf, 0.0, 1.0), _outside(error))
     ratio = error * mean / scale
-    step = (ratio >= 0) & (two_sided_tail(jnp.maximum(ratio, 0.0), n) <= 1.0 - conf)
+    tail = two_sided_tail(jnp.maximum(ratio, 0.0), jnp.maximum(n, 1))
+    step = ~jnp.any(jnp.stack(bad)) & (n >= 1) & (ratio >= 0) & (tail <= 1.0 - conf)
     return step, {
         'confidence': conf,
         'percent_error': error,
         'loss_ema': ema,
-        'loss_mean': mean_l,
-        'loss_m2': m2_l,
+        'num_skipped_losses': gate_state['num_skipped_losses'] + ~finite,
+        'num_bad_hyperparams': _count_bad(gate_state, *bad),
+        '_num_losses': n,
+        '_loss_mean': mean_l,
+        '_loss_m2': m2_l,
     }
 
   return Gate(init, update)
@@ -488,16 +585,21 @@ def from_function(rule: Callable[[DrawStats], jax.Array]) -> Gate:
     >>> at_least_4 = optax_gqc.gates.from_function(lambda s: s.num_draws >= 4)
   """
   if not callable(rule):
-    raise TypeError(f'rule must be callable, got {type(rule).__name__}')
+    raise TypeError(
+        f'rule must be callable, got {type(rule).__name__}: pass a function of DrawStats, '
+        'e.g. lambda s: s.num_draws >= 4'
+    )
   return Gate(lambda: {}, lambda stats, state, **_: (jnp.asarray(rule(stats)), state))
 
 
 def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
   if not gates:
-    raise ValueError(f'{name} needs at least one gate')
+    raise ValueError(f'{name} needs at least one gate: pass gates, e.g. {name}(gate_a, gate_b)')
   for g in gates:
     if not isinstance(g, Gate):
-      raise TypeError(f'{name} takes Gates, got {type(g).__name__}')
+      raise TypeError(
+          f'{name} takes Gates, got {type(g).__name__}: pass gates such as gates.norm_below(0.5)'
+      )
 
   def init():
     return tuple(g.init() for g in gates)

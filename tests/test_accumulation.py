@@ -263,6 +263,7 @@ def test_inside_chain_and_statistics():
       'num_steps',
       'num_skipped',
       'num_forced',
+      'num_bad_hyperparams',
       'last_num_draws',
       'last_grad_norm',
       'acc_norm',
@@ -286,7 +287,7 @@ def test_statistics_reports_gate_hyperparameters_by_schedule():
 
 
 def test_statistics_needs_an_accumulation_state():
-  with pytest.raises(ValueError, match='no accumulation state'):
+  with pytest.raises(ValueError, match='no state of optax_gqc'):
     optax_gqc.statistics(optax.adam(1e-3).init(PARAMS))
 
 
@@ -314,6 +315,21 @@ def test_max_draws_injected_and_changed_mid_run():
   state.hyperparams['max_draws'] = jnp.asarray(2, jnp.int32)
   _, state = update(g, state, PARAMS)
   assert int(optax_gqc.statistics(state)['last_num_draws']) == 2
+
+
+@pytest.mark.parametrize(
+    'make',
+    [
+        lambda: optax.inject_hyperparams(optax_gqc.gnts)(optax.sgd(1.0), 0.5, microbatch_size=4),
+        lambda: optax.inject_hyperparams(optax_gqc.sbc)(optax.sgd(1.0), 8, 4),
+    ],
+    ids=['gnts', 'sbc'],
+)
+def test_microbatch_size_injected_under_jitted_init(make):
+  tx = make()
+  state = jax.jit(tx.init)(PARAMS)
+  _, state = jax.jit(tx.update)(grad_stream(1)[0], state, PARAMS)
+  assert int(optax_gqc.statistics(state)['microbatch_size']) == 4
 
 
 def test_flax_nnx_optimizer_under_nnx_jit():

@@ -147,3 +147,75 @@ def test_scheduled_accumulation_follows_microbatches_not_steps():
     else:
       assert not np.any(np.asarray(updates['w']))
   assert int(optax_gqc.statistics(out[-1][1])['num_steps']) == 3
+
+
+# Every accumulation recipe, with the engine arguments it forwards.
+def accumulation_recipes(**engine):
+  return {
+      'gnts': optax_gqc.gnts_with_cosine_schedule(1e-2, 20, 4, microbatch_size=4, **engine),
+      'gnts_conventional_lr': optax_gqc.gnts_with_cosine_schedule_conventional_lr(
+          1e-2, 20, 4, microbatch_size=4, **engine
+      ),
+      'sbc': optax_gqc.sbc_with_polynomial_schedule(1e-2, 4, 8, 16, 20, 4, **engine),
+      'sbc_conventional_lr': optax_gqc.sbc_with_polynomial_schedule_conventional_lr(
+          1e-2, 4, 8, 16, 20, 4, **engine
+      ),
+      'gns': optax_gqc.gns_with_cosine_schedule(
+          1e-2, 0.1, 0.05, 20, 4, microbatch_size=4, **engine
+      ),
+      'gns_default': optax_gqc.gns_default(1e-2, 0.1, 20, 4, microbatch_size=4, **engine),
+      'mht': optax_gqc.mht_with_warmup_schedule(1e-2, 0.9, 0.1, 20, 4, microbatch_size=4, **engine),
+      'scheduled_accumulation': optax_gqc.scheduled_accumulation(
+          optax.adamw,
+          optax_gqc.gates.norm_below(0.5),
+          {'learning_rate': lambda t: 1e-2},
+          microbatch_size=4,
+          **engine,
+      ),
+  }
+
+
+RECIPE_NAMES = sorted(accumulation_recipes())
+
+
+@pytest.mark.parametrize('name', RECIPE_NAMES)
+def test_recipes_forward_the_engine_arguments(name):
+  tx = accumulation_recipes(accumulator_dtype=jnp.bfloat16, skip_nonfinite=False)[name]
+  params = {'w': jnp.zeros(6)}
+  state = tx.init(params)
+  assert state.accumulator['w'].dtype == jnp.bfloat16
+  # The noise scale is reported in examples: the SBC recipes pass their microbatch size.
+  assert int(optax_gqc.statistics(state)['microbatch_size']) == 4
+  nan = {'w': jnp.full(6, jnp.nan)}
+  _, state = jax.jit(tx.update)(nan, state, params, value=1.0)
+  assert int(optax_gqc.statistics(state)['num_skipped']) == 0  # skip_nonfinite=False
+
+
+def bf16_recipes():
+  return {
+      **accumulation_recipes(),
+      'gnr': optax_gqc.gnr_with_cosine_schedule(1e-2, 2.0, 1.0, 20, 4),
+      'gnr_conventional_lr': optax_gqc.gnr_with_cosine_schedule_conventional_lr(
+          1e-2, 2.0, 1.0, 20, 4
+      ),
+  }
+
+
+@pytest.mark.parametrize('name', sorted(bf16_recipes()))
+def test_recipes_train_bf16_params_without_nan(name):
+  # inject_hyperparams would keep the hyperparameters in the params' dtype,
+  # where adamw's b2=0.999 rounds to 1 and its update is NaN.
+  tx = bf16_recipes()[name]
+  params = start = {'w': jnp.linspace(-1.0, 1.0, 6).astype(jnp.bfloat16)}
+  update = jax.jit(tx.update)
+  state = tx.init(params)
+  for g in sgd_grads(12):
+    updates, state = update(
+        jax.tree.map(lambda x: x.astype(jnp.bfloat16), g), state, params, value=1.0
+    )
+    assert all(np.isfinite(np.asarray(u, np.float32)).all() for u in jax.tree.leaves(updates))
+    params = optax.apply_updates(params, updates)
+  hyper = optax.tree.get(state, 'hyperparams')
+  assert hyper['b2'].dtype == jnp.float32 and float(hyper['b2']) == pytest.approx(0.999)
+  assert params['w'].dtype == jnp.bfloat16
+  assert np.any(np.asarray(params['w'] != start['w']))  # it trained

@@ -1,0 +1,677 @@
+"""A catalogue of misuses a new user would try, and what each gives.
+
+At construction and at the first trace, a misuse raises an error that names
+the argument and the fix. At run time under ``jax.jit``, where nothing can
+raise, a bad value has a documented safe behaviour and is counted in
+``statistics``. Parameters that were silently wrong before and now simply
+work (complex, float64, bf16 with float32 gradients) are tested in
+test_accumulation_dtypes.py.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import optax_gqc
+from optax_gqc import gates
+
+PARAMS = {'w': jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), 'b': jnp.ones(3)}
+
+
+def grads(num, seed=0):
+  keys = jax.random.split(jax.random.key(seed), num)
+  return [jax.tree.map(lambda p, k=k: jax.random.normal(k, p.shape), PARAMS) for k in keys]
+
+
+def run_stats(tx, num=6, values=None, state_hook=None):
+  """Runs ``tx`` under jit; returns statistics after each microbatch."""
+  update = jax.jit(tx.update)
+  state = tx.init(PARAMS)
+  out = []
+  for i, g in enumerate(grads(num)):
+    if state_hook is not None:
+      state = state_hook(i, state)
+    extra = {} if values is None else {'value': values[i]}
+    _, state = update(g, state, PARAMS, **extra)
+    out.append(jax.tree.map(np.asarray, optax_gqc.statistics(state)))
+  return out
+
+
+def sgd():
+  return optax.sgd(0.1)
+
+
+def first_update(tx, grads=None, state=None, params=PARAMS, **extra_args):
+  """Traces ``tx.update`` once, under jit, with a fresh state unless one is given."""
+  state = tx.init(params) if state is None else state
+  g = jax.tree.map(jnp.ones_like, params) if grads is None else grads
+  return jax.jit(tx.update)(g, state, params, **extra_args)
+
+
+def python_if_schedule(t):
+  return 0.5 if t < 100 else 0.1  # a Python if on the traced step count
+
+
+# ---------------------------------------------------------------------------
+# At construction: each raises the error, and its message names the argument
+# (first pattern) and the fix (second pattern).
+
+AT_CONSTRUCTION = {
+    # inner and gate
+    'optimizer factory as inner': (
+        lambda: optax_gqc.gnts(optax.adamw, 0.5),
+        TypeError,
+        'inner',
+        r"got the function 'adamw'.*inner=optax.adamw\(1e-3\)",
+    ),
+    'factory as sbc inner': (
+        lambda: optax_gqc.sbc(optax.adam, 8, 1),
+        TypeError,
+        'inner',
+        r'call it with its hyperparameters',
+    ),
+    'string as inner': (
+        lambda: optax_gqc.accumulate('adam', gates.norm_below(0.5)),
+        TypeError,
+        'inner',
+        r'such as optax.adamw\(1e-3\)',
+    ),
+    'factory as gnr inner': (
+        lambda: optax_gqc.gnr(optax.adamw, 1.0),
+        TypeError,
+        'inner',
+        r'call it',
+    ),
+    'string as gate': (
+        lambda: optax_gqc.accumulate(sgd(), 'norm'),
+        TypeError,
+        'gate',
+        r'gates.norm_below',
+    ),
+    'function as gate': (
+        lambda: optax_gqc.accumulate(sgd(), lambda s: s.num_draws >= 2),
+        TypeError,
+        'gate',
+        r'gates.from_function',
+    ),
+    'transformation as gate': (
+        lambda: optax_gqc.accumulate(sgd(), sgd()),
+        TypeError,
+        'gate',
+        r'gates.norm_below',
+    ),
+    'non-gate in any_of': (
+        lambda: gates.any_of(gates.norm_below(1.0), 3),
+        TypeError,
+        'any_of',
+        r'gates such as gates.norm_below',
+    ),
+    'empty all_of': (lambda: gates.all_of(), ValueError, 'all_of', r'all_of\(gate_a, gate_b\)'),
+    'non-callable rule': (
+        lambda: gates.from_function(3),
+        TypeError,
+        'rule',
+        'a function of DrawStats',
+    ),
+    # max_draws
+    'max_draws 0': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, max_draws=0),
+        ValueError,
+        'max_draws',
+        r'>= 1, or max_draws=None',
+    ),
+    'max_draws float': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, max_draws=2.5),
+        TypeError,
+        'max_draws',
+        r'pass an integer max_draws >= 1',
+    ),
+    'max_draws bool': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, max_draws=True),
+        TypeError,
+        'max_draws',
+        r'pass an integer',
+    ),
+    'max_draws 2**31': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, max_draws=2**31),
+        ValueError,
+        'max_draws',
+        r'below 2\*\*31.*pass at most 2147483647, or max_draws=None',
+    ),
+    'sbc max_draws below its batch': (
+        lambda: optax_gqc.sbc(sgd(), 800, 8, max_draws=64),
+        ValueError,
+        'max_draws',
+        r'max_draws >= 100, or max_draws=None',
+    ),
+    # microbatch_size
+    'negative microbatch_size': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, microbatch_size=-1),
+        ValueError,
+        'microbatch_size',
+        r'>= 1',
+    ),
+    'sbc microbatch_size 0': (
+        lambda: optax_gqc.sbc(sgd(), 8, 0),
+        ValueError,
+        'microbatch_size',
+        r'>= 1',
+    ),
+    'float microbatch_size': (
+        lambda: gates.batch_size_at_least(8, 2.5),
+        TypeError,
+        'microbatch_size',
+        r'pass an integer',
+    ),
+    # accumulator and flags
+    'int32 accumulator': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype=jnp.int32),
+        ValueError,
+        'accumulator_dtype',
+        r'truncate the mean.*jnp.float32',
+    ),
+    'accumulator_dtype not a dtype': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype='high'),
+        TypeError,
+        'accumulator_dtype',
+        r'jnp.float32',
+    ),
+    'skip_nonfinite string': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, skip_nonfinite='yes'),
+        TypeError,
+        'skip_nonfinite',
+        r'True or False',
+    ),
+    'noise_decay 1': (
+        lambda: optax_gqc.accumulate(sgd(), gates.norm_below(0.5), noise_decay=1.0),
+        ValueError,
+        'noise_decay',
+        r'\[0, 1\)',
+    ),
+    'scale_by_draws a number': (
+        lambda: optax_gqc.accumulate(sgd(), gates.norm_below(0.5), scale_by_draws=2.0),
+        TypeError,
+        'scale_by_draws',
+        'jnp.sqrt',
+    ),
+    # gate hyperparameters
+    'threshold as a string': (
+        lambda: optax_gqc.gnts(sgd(), '0.5'),
+        TypeError,
+        'threshold',
+        r'pass a float',
+    ),
+    'negative threshold': (
+        lambda: optax_gqc.gnts(sgd(), -0.1),
+        ValueError,
+        'threshold',
+        r'>= 0',
+    ),
+    'nan threshold': (
+        lambda: optax_gqc.gnts(sgd(), float('nan')),
+        ValueError,
+        'threshold',
+        r'>= 0',
+    ),
+    'array threshold': (
+        lambda: optax_gqc.gnts(sgd(), jnp.ones(2)),
+        ValueError,
+        'threshold',
+        r'pass one number',
+    ),
+    'non-scalar schedule': (
+        lambda: optax_gqc.gnts(sgd(), lambda t: jnp.ones(2) * t),
+        ValueError,
+        'threshold',
+        r'return one number per step count',
+    ),
+    'schedule with a Python if': (
+        lambda: optax_gqc.gnts(sgd(), python_if_schedule),
+        TypeError,
+        'threshold',
+        r'jnp.where instead of if',
+    ),
+    'schedule returning a string': (
+        lambda: optax_gqc.gnts(sgd(), lambda t: 'high'),
+        TypeError,
+        'threshold',
+        r'jnp functions',
+    ),
+    'mht confidence 95': (
+        lambda: optax_gqc.mht(sgd(), 95, 0.05),
+        ValueError,
+        'confidence',
+        r'\[0, 1\)',
+    ),
+    'mht negative percent_error': (
+        lambda: optax_gqc.mht(sgd(), 0.9, -0.05),
+        ValueError,
+        'percent_error',
+        r'>= 0',
+    ),
+    'negative logical batch': (
+        lambda: optax_gqc.sbc(sgd(), -8, 4),
+        ValueError,
+        'logical_batch_size',
+        r'>= 0',
+    ),
+    'negative tolerance': (
+        lambda: optax_gqc.gns(sgd(), -0.1),
+        ValueError,
+        'tolerance',
+        r'>= 0',
+    ),
+    'negative eta': (
+        lambda: optax_gqc.norm_test_accumulation(sgd(), -1.0),
+        ValueError,
+        'eta',
+        r'>= 0',
+    ),
+    'relative decay 1.5': (
+        lambda: gates.norm_below(0.5, relative=True, decay=1.5),
+        ValueError,
+        'decay',
+        r'\[0, 1\)',
+    ),
+    'critical fraction 0': (
+        lambda: gates.critical_batch(0.0, 4),
+        ValueError,
+        'fraction',
+        r'> 0',
+    ),
+    'critical max below min': (
+        lambda: gates.critical_batch(0.5, 4, max_batch_size=2),
+        ValueError,
+        'max_batch_size',
+        r'>= min_batch_size',
+    ),
+    'critical bootstrap 1': (
+        lambda: gates.critical_batch(0.5, 4, bootstrap_draws=1),
+        ValueError,
+        'bootstrap_draws',
+        r'>= 2',
+    ),
+    # the other transformations
+    'gnr negative target': (
+        lambda: optax_gqc.gnr(sgd(), -1.0),
+        ValueError,
+        'target',
+        r'>= 0',
+    ),
+    'scale_to_norm string': (
+        lambda: optax_gqc.scale_to_norm('1'),
+        TypeError,
+        'target',
+        r'pass a float',
+    ),
+    'noise_scale decay 1.5': (
+        lambda: optax_gqc.noise_scale(1.5, axis_name='data'),
+        ValueError,
+        'decay',
+        r'\[0, 1\)',
+    ),
+    'sgd_sai momentum 1': (
+        lambda: optax_gqc.sgd_sai(0.1, momentum=1.0),
+        ValueError,
+        'momentum',
+        r'\[0, 1\)',
+    ),
+    'sgd_sai eps 0': (lambda: optax_gqc.sgd_sai(0.1, eps=0.0), ValueError, 'eps', r'> 0'),
+    # the recipes
+    'recipe warmup longer than the run': (
+        lambda: optax_gqc.gnts_with_cosine_schedule(1e-3, total_steps=10, warmup_steps=100),
+        ValueError,
+        'warmup_steps',
+        r'Pass warmup_steps <= total_steps',
+    ),
+    'recipe with an optimizer instance': (
+        lambda: optax_gqc.sbc_with_polynomial_schedule(
+            1e-3, 4, 8, 16, 100, 10, optimizer=optax.adamw(1e-3)
+        ),
+        TypeError,
+        'optimizer',
+        r'Pass the function itself',
+    ),
+    'recipe weight decay for sgd': (
+        lambda: optax_gqc.gnts_with_cosine_schedule(1e-3, 100, 10, optimizer=optax.sgd),
+        TypeError,
+        "optimizer sgd takes no argument 'weight_decay'",
+        r'weight_decay=None',
+    ),
+    'recipe scheduled learning rate': (
+        lambda: optax_gqc.gnr_with_cosine_schedule(lambda t: 0.1, 1.0, 0.5, 100, 10),
+        TypeError,
+        'learning_rate',
+        r'Pass its value after warmup',
+    ),
+    'recipe negative threshold': (
+        lambda: optax_gqc.gnts_with_cosine_schedule(1e-3, 100, 10, initial_threshold=-1.0),
+        ValueError,
+        'initial_threshold',
+        r'>= 0',
+    ),
+    'recipe confidence 95': (
+        lambda: optax_gqc.mht_with_warmup_schedule(1e-3, 95, 0.1, 100, 10),
+        ValueError,
+        'confidence',
+        r'\[0, 1\)',
+    ),
+    'recipe fractional total_steps': (
+        lambda: optax_gqc.gns_default(1e-3, 0.1, 100.5, 10),
+        ValueError,
+        'total_steps',
+        r'an int >= 0',
+    ),
+    'scheduled_accumulation constant': (
+        lambda: optax_gqc.scheduled_accumulation(
+            optax.sgd, gates.norm_below(0.5), {'learning_rate': 0.1}
+        ),
+        TypeError,
+        r"hyperparams\['learning_rate'\]",
+        r'pass a constant as a keyword argument',
+    ),
+    'scheduled_accumulation unknown argument': (
+        lambda: optax_gqc.scheduled_accumulation(
+            optax.sgd, gates.norm_below(0.5), {'lr': lambda t: 0.1}
+        ),
+        TypeError,
+        "takes no argument 'lr'",
+        r'schedule only arguments that it takes',
+    ),
+}
+
+
+# ---------------------------------------------------------------------------
+# At the first trace of update (under jit, before anything runs).
+
+
+AT_FIRST_TRACE = {
+    'state of the inner optimizer': (
+        lambda: first_update(optax_gqc.gnts(sgd(), 0.5), state=sgd().init(PARAMS)),
+        TypeError,
+        'state',
+        r'tx.init\(params\)',
+    ),
+    'params passed as the state': (
+        lambda: first_update(optax_gqc.gnts(sgd(), 0.5), state=PARAMS),
+        TypeError,
+        'state is a dict',
+        r'tx.init\(params\)',
+    ),
+    'update before init': (
+        lambda: optax_gqc.gnts(sgd(), 0.5).update(PARAMS, None, PARAMS),
+        TypeError,
+        'state is None',
+        r'tx.init\(params\)',
+    ),
+    'gradients unlike the params': (
+        lambda: first_update(optax_gqc.gnts(sgd(), 0.5), grads={'w': PARAMS['w']}),
+        ValueError,
+        'gradient tree',
+        r'jax.grad of the loss with respect to them',
+    ),
+    'gradient of another shape': (
+        lambda: first_update(
+            optax_gqc.gnts(sgd(), 0.5), grads={'w': PARAMS['w'], 'b': jnp.ones(5)}
+        ),
+        ValueError,
+        r"gradient \['b'\]",
+        r'params given to init had \(3,\): pass gradients of those params',
+    ),
+    'integer gradients': (
+        lambda: first_update(
+            optax_gqc.sbc(sgd(), 2, 1), grads=jax.tree.map(lambda p: jnp.ones(p.shape, int), PARAMS)
+        ),
+        TypeError,
+        r"gradient \['b'\] has dtype int32",
+        r'Cast it to a float',
+    ),
+    'complex gradients of real params': (
+        lambda: first_update(
+            optax_gqc.sbc(sgd(), 2, 1), grads=jax.tree.map(lambda p: p * 1j, PARAMS)
+        ),
+        TypeError,
+        r"gradient \['b'\] is complex",
+        r'initialize with the complex params',
+    ),
+    'mht without the loss': (
+        lambda: first_update(optax_gqc.mht(sgd(), 0.9, 0.05)),
+        ValueError,
+        'loss',
+        r'value=loss',
+    ),
+    'mht with per-example losses': (
+        lambda: first_update(optax_gqc.mht(sgd(), 0.9, 0.05), value=jnp.ones(8)),
+        ValueError,
+        r'value must be the scalar loss',
+        r'value=loss.mean\(\)',
+    ),
+    'injected array threshold': (
+        lambda: injected_threshold(jnp.ones(2)),
+        ValueError,
+        'threshold',
+        r'one number',
+    ),
+    'gate rule returning a float': (
+        lambda: first_update(
+            optax_gqc.accumulate(sgd(), gates.from_function(lambda s: s.acc_norm))
+        ),
+        TypeError,
+        'gate',
+        r'boolean scalar.*stats.acc_norm <= 0.5',
+    ),
+    'gate changing its state': (
+        lambda: first_update(
+            optax_gqc.accumulate(
+                sgd(), optax_gqc.Gate(lambda: {}, lambda s, st, **_: (s.num_draws >= 2, {'n': 1}))
+            )
+        ),
+        TypeError,
+        'gate',
+        r'structure, shapes and dtypes of gate.init\(\)',
+    ),
+    'gate changing a dtype': (
+        lambda: first_update(
+            optax_gqc.accumulate(
+                sgd(),
+                optax_gqc.Gate(
+                    lambda: {'n': jnp.zeros([], jnp.int32)},
+                    lambda s, st, **_: (s.num_draws >= 2, {'n': s.acc_norm}),
+                ),
+            )
+        ),
+        TypeError,
+        'gate',
+        r'cast new values to their dtypes',
+    ),
+    'inner optimizer that needs params': (
+        lambda: jax.jit(optax_gqc.gnts(optax.adamw(0.1), 1e9).update)(
+            PARAMS, optax_gqc.gnts(optax.adamw(0.1), 1e9).init(PARAMS)
+        ),
+        ValueError,
+        'params',
+        r'passing `params`',
+    ),
+    'noise_scale outside a mapped axis': (
+        lambda: optax_gqc.noise_scale(axis_name='data').update(
+            PARAMS, optax_gqc.noise_scale(axis_name='data').init(PARAMS)
+        ),
+        NameError,
+        "axis_name 'data'",
+        r'call update inside jax.shard_map',
+    ),
+    'statistics of a plain adam state': (
+        lambda: optax_gqc.statistics(optax.adam(1e-3).init(PARAMS)),
+        ValueError,
+        'statistics',
+        r'Pass the state of an accumulation',
+    ),
+}
+
+
+def injected_threshold(value):
+  tx = optax.inject_hyperparams(optax_gqc.gnts)(sgd(), threshold=0.5)
+  state = tx.init(PARAMS)
+  state.hyperparams['threshold'] = value
+  return first_update(tx, state=state)
+
+
+RAISING = {
+    **{f'construction: {k}': v for k, v in AT_CONSTRUCTION.items()},
+    **{f'first trace: {k}': v for k, v in AT_FIRST_TRACE.items()},
+}
+
+
+@pytest.mark.parametrize('case', sorted(RAISING))
+def test_misuse_raises_naming_the_argument_and_the_fix(case):
+  make, error, argument, fix = RAISING[case]
+  with pytest.raises(error) as info:
+    make()
+  message = str(info.value)
+  assert re.search(argument, message), message
+  assert re.search(fix, message), message
+
+
+# ---------------------------------------------------------------------------
+# Run time: nothing can raise under jit. A hyperparameter out of its domain
+# closes the gate that reads it (max_draws then forces the steps, counted in
+# num_forced) and counts in num_bad_hyperparams.
+
+
+def constant(v):
+  """A schedule that returns ``v``: out of its domain, it reaches the gate at run time."""
+  return lambda t: jnp.float32(v)
+
+
+# gate(hyperparameter schedule), a value that opens it on every microbatch or two, bad values
+BAD_AT_RUN_TIME = {
+    'norm_below': (lambda v: gates.norm_below(v), 1e9, [np.nan, -1.0]),
+    'norm_below_relative': (lambda v: gates.norm_below(v, relative=True), 1e9, [np.nan, -0.5]),
+    'batch_size_at_least': (lambda v: gates.batch_size_at_least(v, 1), 1.0, [np.nan, -8.0]),
+    'critical_batch': (
+        lambda v: gates.critical_batch(v, 1, max_batch_size=2),
+        1.0,
+        [np.nan, 0.0, -1.0],
+    ),
+    'noise_ratio_below': (lambda v: gates.noise_ratio_below(v), 1e9, [np.nan, -1.0]),
+    'relative_error_below': (lambda v: gates.relative_error_below(v), 1e9, [np.nan, -1.0]),
+    'loss_confidence': (lambda v: gates.loss_interval(v, 1e9), 0.5, [np.nan, 1.0, 95.0, -0.1]),
+    'loss_percent_error': (lambda v: gates.loss_interval(0.5, v), 1e9, [np.nan, -0.1]),
+}
+
+
+LOSSES = [1.0] * 6  # constant: the loss gate's interval is tight at once
+
+
+@pytest.mark.parametrize('name', sorted(BAD_AT_RUN_TIME))
+def test_a_good_value_opens_the_gate(name):
+  make, good, _ = BAD_AT_RUN_TIME[name]
+  tx = optax_gqc.accumulate(optax.sgd(0.1), make(constant(good)), max_draws=3)
+  out = run_stats(tx, values=LOSSES)
+  assert int(out[-1]['num_steps']) >= 3 and int(out[-1]['num_forced']) == 0
+  assert int(out[-1]['num_bad_hyperparams']) == 0
+
+
+@pytest.mark.parametrize(
+    'name, bad',
+    [(name, bad) for name, (_, _, bads) in sorted(BAD_AT_RUN_TIME.items()) for bad in bads],
+)
+def test_a_bad_value_at_run_time_closes_the_gate_and_is_counted(name, bad):
+  make, _, _ = BAD_AT_RUN_TIME[name]
+  tx = optax_gqc.accumulate(optax.sgd(0.1), make(constant(bad)), max_draws=3)
+  out = run_stats(tx, values=LOSSES)
+  assert [int(s['num_steps']) for s in out] == [0, 0, 1, 1, 1, 2]  # forced by max_draws
+  assert int(out[-1]['num_forced']) == 2
+  assert [int(s['num_bad_hyperparams']) for s in out] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_schedule_that_turns_nan_mid_run_is_counted_while_it_lasts():
+  threshold = lambda t: jnp.where((t >= 2) & (t < 5), jnp.nan, 1e9)  # noqa: E731
+  out = run_stats(optax_gqc.gnts(optax.sgd(0.1), threshold, max_draws=2), num=7)
+  assert [int(s['num_steps']) for s in out] == [1, 2, 2, 3, 3, 4, 5]
+  assert [int(s['num_bad_hyperparams']) for s in out] == [0, 0, 1, 2, 3, 3, 3]
+  assert int(out[-1]['num_forced']) == 1  # microbatch 3; 4 steps only when 5 reopens it
+
+
+def test_an_injected_nan_threshold_is_counted_and_forced():
+  tx = optax.inject_hyperparams(optax_gqc.gnts)(optax.sgd(0.1), threshold=1e9, max_draws=2)
+
+  def poison(i, state):
+    if i == 2:
+      state.hyperparams['threshold'] = jnp.asarray(jnp.nan)
+    return state
+
+  out = run_stats(tx, num=6, state_hook=poison)
+  assert [int(s['num_steps']) for s in out] == [1, 2, 2, 3, 3, 4]
+  assert int(out[-1]['num_forced']) == 2
+  assert int(out[-1]['num_bad_hyperparams']) == 4
+  assert np.isnan(out[-1]['threshold'])
+
+
+def test_an_injected_max_draws_below_one_steps_every_microbatch_and_is_counted():
+  tx = optax.inject_hyperparams(optax_gqc.gnts)(optax.sgd(0.1), threshold=0.0, max_draws=4)
+
+  def zero(i, state):
+    state.hyperparams['max_draws'] = jnp.asarray(0 if i >= 2 else 4, jnp.int32)
+    return state
+
+  out = run_stats(tx, num=5, state_hook=zero)
+  assert [int(s['num_steps']) for s in out] == [0, 0, 1, 2, 3]
+  assert [int(s['num_bad_hyperparams']) for s in out] == [0, 0, 1, 2, 3]
+  assert int(out[2]['last_num_draws']) == 3 and int(out[-1]['last_num_draws']) == 1
+
+
+def test_an_injected_nan_noise_decay_keeps_the_estimates_and_is_counted():
+  def make():
+    return optax.inject_hyperparams(optax_gqc.accumulate)(
+        optax.sgd(0.1), gates.batch_size_at_least(2, 1)
+    )
+
+  tx = make()
+
+  def poison(i, state):
+    if i == 4:
+      state.hyperparams['noise_decay'] = jnp.asarray(jnp.nan)
+    return state
+
+  ref = run_stats(make(), num=6)
+  out = run_stats(tx, num=6, state_hook=poison)
+  assert float(out[3]['noise_scale']) == float(ref[3]['noise_scale'])
+  # The step at microbatch 5 folds no estimate: the noise scale stays finite, as it was.
+  assert float(out[-1]['noise_scale']) == float(out[3]['noise_scale'])
+  assert float(ref[-1]['noise_scale']) != float(ref[3]['noise_scale'])
+  assert int(out[-1]['num_bad_hyperparams']) == 2 and int(ref[-1]['num_bad_hyperparams']) == 0
+
+
+def test_sbc_with_no_max_draws_waits_out_a_nan_batch_size():
+  # With no max_draws nothing forces a step: the accumulation waits until the
+  # schedule is valid again, and counts the wait.
+  batch = lambda t: jnp.where(t < 3, jnp.nan, 1.0)  # noqa: E731
+  out = run_stats(optax_gqc.sbc(optax.sgd(0.1), batch, 1), num=5)
+  assert [int(s['num_steps']) for s in out] == [0, 0, 0, 1, 2]
+  assert int(out[3]['last_num_draws']) == 4
+  assert int(out[-1]['num_bad_hyperparams']) == 3
+
+
+def test_a_nan_loss_with_finite_gradients_is_rejected_by_the_loss_gate():
+  # Constant losses: the interval is tight at once, a step on every microbatch.
+  # A NaN loss is left out: it neither blocks the gate until max_draws (as it
+  # would if it entered the loss EMA) nor opens it.
+  tx = optax_gqc.mht(optax.sgd(0.1), confidence=0.9, percent_error=0.1, max_draws=20)
+  out = run_stats(tx, num=5, values=[1.0, jnp.nan, 1.0, jnp.inf, 1.0])
+  assert [int(s['num_steps']) for s in out] == [1, 1, 2, 2, 3]
+  assert [int(s['last_num_draws']) for s in out][-1] == 2
+  assert int(out[-1]['num_skipped_losses']) == 2
+  assert int(out[-1]['num_forced']) == 0 and int(out[-1]['num_skipped']) == 0
+  assert float(out[-1]['loss_ema']) == 1.0
+
+
+def test_only_nan_losses_keep_the_loss_gate_closed_until_max_draws():
+  tx = optax_gqc.mht(optax.sgd(0.1), confidence=0.9, percent_error=0.1, max_draws=3)
+  out = run_stats(tx, num=3, values=[jnp.nan] * 3)
+  assert [int(s['num_steps']) for s in out] == [0, 0, 1]
+  assert int(out[-1]['num_forced']) == 1 and int(out[-1]['num_skipped_losses']) == 3
