@@ -163,7 +163,7 @@ def _accumulator_dtype(requested: Any, param: jax.Array) -> Any:
   return dtype
 
 
-def noise_scale_in_draws(grad_sq_norm_ema, trace_cov_ema, noise_weight) -> jax.Array:
+def _noise_scale_in_draws(grad_sq_norm_ema, trace_cov_ema, noise_weight) -> jax.Array:
   """B_simple in microbatches from the engine's EMAs: NaN before an estimate.
 
   A non-positive estimate of :math:`|G|^2` means the noise swamps the signal:
@@ -377,7 +377,7 @@ def accumulate(
         acc_norm=acc_norm,
         sum_sq_norms=keep * state.sum_sq_norms + grad_sq,
         sum_norms=keep * state.sum_norms + grad_norm,
-        noise_scale=noise_scale_in_draws(
+        noise_scale=_noise_scale_in_draws(
             state.grad_sq_norm_ema, state.trace_cov_ema, state.noise_weight
         ),
     )

@@ -245,6 +245,7 @@ def critical_batch(
     min_batch_size: int | None = None,
     max_batch_size: int | None = None,
     bootstrap_draws: int = 2,
+    bootstrap_steps: int = 5,
     probe_every: int = 4,
 ) -> Gate:
   r"""Steps once the logical batch reaches ``fraction`` of the noise scale.
@@ -271,8 +272,13 @@ def critical_batch(
 
   The decision reads no statistic of the current microbatches, so the
   stopping time is independent of them and the noise-scale estimate stays
-  unbiased. Until an estimate exists (a step must average two microbatches)
-  it steps every ``bootstrap_draws`` microbatches. A step of one microbatch
+  unbiased. Until the estimate rests on ``bootstrap_steps`` steps that averaged
+  two microbatches or more, it steps every ``bootstrap_draws`` microbatches:
+  a single early estimate is noisy, and one whose :math:`|G|^2` part comes out
+  negative would read as an infinite noise scale. Past the bootstrap, an
+  estimate of :math:`|G|^2 \le 0` (the noise swamps the signal) sends the
+  target to ``max_batch_size``, or, without one, to the engine's ``max_draws``
+  (such steps count in ``num_forced``). A step of one microbatch
   gives the engine no estimate, so while the target is under two
   microbatches, every ``probe_every``-th step takes two, which keeps the
   estimate following training.
@@ -285,7 +291,9 @@ def critical_batch(
       microbatch.
     max_batch_size: the largest logical batch, in examples; defaults to no
       limit (the engine's ``max_draws`` still applies).
-    bootstrap_draws: microbatches per step until the first estimate, >= 2.
+    bootstrap_draws: microbatches per step during the bootstrap, >= 2.
+    bootstrap_steps: steps of two or more microbatches, each an estimate,
+      before the estimate is used, >= 1.
     probe_every: while the target is under two microbatches, one step in
       this many takes two; 0 never does (the estimate then stops at its last
       value while the target stays under two microbatches).
@@ -322,6 +330,7 @@ def critical_batch(
         f'bootstrap_draws must be >= 2: one microbatch gives no noise estimate, got '
         f'{bootstrap_draws}'
     )
+  _checks.check_positive_int('bootstrap_steps', bootstrap_steps)
   if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 0:
     raise ValueError(f'probe_every must be an int >= 0, got {probe_every!r}')
 
@@ -331,14 +340,23 @@ def critical_batch(
         'target_batch_size': jnp.array(bootstrap_draws * microbatch_size, jnp.float32),
         'num_bad_hyperparams': _no_bad(),
         '_steps_since_probe': jnp.zeros([], jnp.int32),
+        '_estimates': jnp.zeros([], jnp.int32),
+        '_last_draws': jnp.zeros([], jnp.int32),
     }
 
   def update(stats, gate_state, **extra_args):
     del extra_args
     f = _value_at('fraction', fraction, stats.num_batches)
     bad = _outside(f, strict=True)
+    # An accumulation of two draws or more ended (a step, forced ones too) just
+    # before this microbatch, if the count fell back to 1: the engine folded
+    # one more estimate into its noise scale.
+    estimates = gate_state['_estimates'] + (
+        (stats.num_draws == 1) & (gate_state['_last_draws'] >= 2)
+    ).astype(jnp.int32)
+    ready = (estimates >= bootstrap_steps) & ~jnp.isnan(stats.noise_scale)
     target = jnp.clip(f * stats.noise_scale * microbatch_size, lower, upper)
-    target = jnp.where(jnp.isnan(stats.noise_scale), bootstrap_draws * microbatch_size, target)
+    target = jnp.where(ready, target, bootstrap_draws * microbatch_size)
     since = gate_state['_steps_since_probe']
     if probe_every:
       probe = (target < 2 * microbatch_size) & (since + 1 >= probe_every)
@@ -350,6 +368,8 @@ def critical_batch(
         'target_batch_size': target,
         'num_bad_hyperparams': _count_bad(gate_state, bad),
         '_steps_since_probe': since,
+        '_estimates': estimates,
+        '_last_draws': stats.num_draws,
     }
 
   return Gate(init, update)

@@ -276,3 +276,67 @@ def test_pmean_of_gradients_summed_by_check_vma_is_their_sum(check_vma_runs):
   np.testing.assert_allclose(
       check_vma_runs['check_vma_replicated_no_estimate']['mean'], 8 * reference, rtol=1e-5
   )
+
+
+def test_critical_batch_follows_fraction_of_the_linear_regression_noise_scale():
+  """The logical batch tracks fraction * B_simple as the noise scale moves.
+
+  Linear regression at a fixed w = w* + delta (SGD with learning rate 0), with
+  |delta| changed halfway: B_simple = (d + 1) + d s^2 / |delta|^2 goes from 251
+  to 101 examples.
+  """
+  d, s, microbatch, fraction = 50, 2.0, 4, 0.5
+  kw, kd, ke = jax.random.split(jax.random.key(0), 3)
+  w_star = jax.random.normal(kw, (d,))
+  direction = jax.random.normal(kd, (d,))
+  direction = direction / jnp.linalg.norm(direction)
+  tx = optax_gqc.accumulate(
+      optax.sgd(0.0),
+      gates.critical_batch(fraction, microbatch),
+      microbatch_size=microbatch,
+  )
+
+  def body(state, inputs):
+    key, delta_norm = inputs
+    kx, kn = jax.random.split(key)
+    w = w_star + delta_norm * direction
+    x = jax.random.normal(kx, (microbatch, d))
+    y = x @ w_star + s * jax.random.normal(kn, (microbatch,))
+    _, state = tx.update({'w': x.T @ (x @ w - y) / microbatch}, state, {'w': w})
+    stats = optax_gqc.statistics(state)
+    return state, (stats['num_draws'], stats['last_num_draws'], stats['target_batch_size'])
+
+  phase = 12_000
+  norms = jnp.concatenate([jnp.full(phase, 1.0), jnp.full(phase, 2.0)])
+  keys = jax.random.split(ke, 2 * phase)
+  _, (draws, last, target) = jax.jit(lambda st: jax.lax.scan(body, st, (keys, norms)))(
+      tx.init({'w': w_star})
+  )
+  draws, last, target = (np.asarray(x) for x in (draws, last, target))
+  for end, delta_norm in ((phase, 1.0), (2 * phase, 2.0)):
+    truth = (d + 1) + d * s**2 / delta_norm**2
+    window = slice(end - phase // 3, end)  # the last third of the phase, after the EMA settled
+    stepped = draws[window] == 0
+    logical = last[window][stepped] * microbatch  # the batch of every step taken there
+    assert np.mean(target[window]) == pytest.approx(fraction * truth, rel=0.1)
+    assert np.mean(logical) == pytest.approx(fraction * truth, rel=0.1)
+
+
+def test_critical_batch_bootstrap_survives_a_negative_first_estimate():
+  # Gradients with |G|^2 = 5 and tr(Sigma) = 5 per microbatch: B is one
+  # microbatch, but the first two-draw estimate of |G|^2 comes out negative.
+  grads = [{'w': jax.random.normal(k, (5,)) + 1.0} for k in jax.random.split(jax.random.key(0), 40)]
+  tx = optax_gqc.accumulate(
+      optax.sgd(1.0), gates.critical_batch(0.5, 8), microbatch_size=8, max_draws=64
+  )
+  state = tx.init({'w': jnp.zeros(5)})
+  update = jax.jit(tx.update)
+  first = None
+  for g in grads:
+    _, state = update(g, state, {'w': jnp.zeros(5)})
+    if first is None and int(state.num_steps) == 1:
+      first = optax_gqc.statistics(state)
+  assert float(first['grad_sq_norm_est']) < 0  # the estimate that read as an infinite B
+  stats = optax_gqc.statistics(state)
+  assert int(stats['num_forced']) == 0
+  assert int(stats['num_steps']) >= 15  # bootstrap steps of 2, then about one draw a step
