@@ -43,7 +43,7 @@ GATES = {
     'critical_batch': (
         lambda: gates.critical_batch(0.5, 1),
         {'fraction', 'target_batch_size'},
-        {'_steps_since_probe'},
+        {'_steps_since_probe', '_estimates', '_last_draws'},
     ),
     'noise_ratio_below': (
         lambda: gates.noise_ratio_below(0.1),
