@@ -11,8 +11,10 @@ from optax_gqc._scale_to_norm import scale_to_norm
 
 def gnts(
     inner: optax.GradientTransformation,
-    threshold: optax.ScalarOrSchedule,
+    threshold: optax.ScalarOrSchedule | None = None,
     *,
+    ratio: optax.ScalarOrSchedule | None = None,
+    eta: optax.ScalarOrSchedule | None = None,
     max_draws: int = 64,
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
@@ -21,16 +23,42 @@ def gnts(
 ) -> optax.GradientTransformationExtraArgs:
   r"""Gradient Norm Threshold Scheduling: accumulate until the mean is short.
 
-  Steps ``inner`` on the mean of the accumulated microbatch gradients as soon
-  as :math:`\|\bar g\| \le \text{threshold}(t)` (or after ``max_draws``
-  microbatches). The Optax port of torch-gqc's ``OptimizerWrapperGNTS``; see
-  :func:`optax_gqc.accumulate` for the mechanics and
-  :func:`optax_gqc.gnts_with_cosine_schedule` for its recipe.
+  Steps ``inner`` on the mean :math:`\bar g` of the accumulated microbatch
+  gradients as soon as it is short enough (or after ``max_draws``
+  microbatches). Two modes:
+
+  - *Scale-free* (the default, no ``threshold``): short means shorter than
+    ``ratio`` times an EMA of the recent microbatch norms :math:`\|g_i\|`, a
+    unit that follows the model and the stage of training,
+    :func:`optax_gqc.gates.norm_below` with ``relative=True``; or the mean
+    passes the norm test at ``eta``, :func:`optax_gqc.gates.relative_error_below`.
+    The norm test is the valve for the signal-dominated start of training,
+    where the mean of many microbatches is hardly shorter than one and a ratio
+    below 1 alone would wait for ``max_draws``:
+
+    .. math::
+
+      \|\bar g\| \le \text{ratio} \cdot \overline{\|g_i\|}
+      \quad \lor \quad \frac{V}{n} \le \eta^2 \|\bar g\|^2 .
+
+  - *Absolute* (``threshold`` given): torch-gqc's ``OptimizerWrapperGNTS``,
+    :math:`\|\bar g\| \le \text{threshold}(t)`, an L2 norm that must suit the
+    model's gradients: one below the norms the model sees starves the gate,
+    and every step is then forced (``statistics(state)['num_forced']``).
+    ``eta``, if given, adds the valve.
+
+  See :func:`optax_gqc.accumulate` for the mechanics and
+  :func:`optax_gqc.gnts_with_cosine_schedule` for torch-gqc's recipe.
 
   Args:
     inner: the optimizer that steps on the mean gradient.
-    threshold: absolute L2 norm of the mean gradient, constant or a schedule
-      of the microbatch count.
+    threshold: None for the scale-free gate; else the absolute L2 norm of the
+      mean gradient, constant or a schedule of the microbatch count.
+    ratio: the scale-free threshold as a multiple of the EMA of microbatch
+      norms, constant or a schedule; 0.5 by default. Only without
+      ``threshold``.
+    eta: the valve's allowed relative error of the mean; 0.8 by default
+      without ``threshold``, no valve with one.
     max_draws: the most microbatches accumulated before a step is forced.
     microbatch_size: examples per microbatch (optional, for statistics).
     accumulator_dtype: dtype of the accumulator; None means float32.
@@ -40,25 +68,48 @@ def gnts(
       are global; see :func:`optax_gqc.accumulate`.
 
   Returns:
-    A :class:`optax.GradientTransformationExtraArgs`, called once per
+    An :class:`~optax_gqc.AccumulationTransformation`, called once per
     microbatch.
+
+  Raises:
+    ValueError: if both ``threshold`` and ``ratio`` are given.
 
   Example:
     >>> import jax, jax.numpy as jnp, optax, optax_gqc
-    >>> tx = optax_gqc.gnts(optax.adamw(1e-3), threshold=0.5, max_draws=8)
+    >>> tx = optax_gqc.gnts(optax.adamw(1e-3))  # scale-free
     >>> params = {'w': jnp.ones(4)}
     >>> state = tx.init(params)
-    >>> grads = {'w': jnp.full(4, 0.1)}
-    >>> updates, state = jax.jit(tx.update)(grads, state, params)
-    >>> int(optax_gqc.statistics(state)['num_steps'])
-    1
+    >>> update = jax.jit(tx.update)
+    >>> for g in (1.0, -0.8, 0.9):  # the mean of the first two is short: a step
+    ...   updates, state = update({'w': jnp.full(4, g)}, state, params)
+    ...   print(int(state.num_draws), int(state.num_steps))
+    1 0
+    0 1
+    1 1
+    >>> parity = optax_gqc.gnts(optax.adamw(1e-3), threshold=0.5)  # torch-gqc's rule
 
   References:
-    torch-gqc, `Gradient Quality Control <https://pypi.org/project/torch-gqc/>`_
+    torch-gqc, `Gradient Quality Control <https://pypi.org/project/torch-gqc/>`_;
+    Byrd et al, `Sample size selection in optimization methods for machine
+    learning <https://doi.org/10.1007/s10107-012-0572-5>`_, 2012
   """
+  if threshold is None:
+    gate = gates.any_of(
+        gates.norm_below(0.5 if ratio is None else ratio, relative=True),
+        gates.relative_error_below(0.8 if eta is None else eta),
+    )
+  elif ratio is not None:
+    raise ValueError(
+        'gnts: give either threshold (an absolute norm, torch-gqc\'s rule) or ratio (the '
+        'scale-free threshold, relative to the microbatch norms), not both'
+    )
+  elif eta is None:
+    gate = gates.norm_below(threshold)
+  else:
+    gate = gates.any_of(gates.norm_below(threshold), gates.relative_error_below(eta))
   return accumulate(
       inner,
-      gates.norm_below(threshold),
+      gate,
       max_draws=max_draws,
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
