@@ -215,45 +215,6 @@ def lr_schedule(peak, setup: Setup) -> optax.Schedule:
   return lambda t: peak * shape(t)  # peak may be traced: optax's schedule tests its value
 
 
-def token_scheduled(
-    gate: gates.Gate,
-    learning_rate: optax.Schedule,
-    *,
-    max_draws: Any,
-    microbatch_size: int,
-    weight_decay: float,
-    scale_by_draws: Any = None,
-) -> optax_gqc.AccumulationTransformation:
-  """AdamW behind ``gate``, its learning rate a schedule of the microbatch count.
-
-  :func:`optax_gqc.scheduled_accumulation` with ``scale_by_draws``: the
-  learning rate follows tokens, not the optimizer steps, whose pace the gate
-  decides.
-  """
-  inner = optax.inject_hyperparams(optax.adamw)(
-      learning_rate=learning_rate(0), weight_decay=weight_decay
-  )
-  tx = optax_gqc.accumulate(
-      inner,
-      gate,
-      max_draws=max_draws,
-      microbatch_size=microbatch_size,
-      scale_by_draws=scale_by_draws,
-  )
-
-  def scheduled(state):
-    hyper = dict(state.inner_state.hyperparams)
-    lr = learning_rate(state.num_batches)
-    hyper['learning_rate'] = jnp.asarray(lr, hyper['learning_rate'].dtype)
-    return state._replace(inner_state=state.inner_state._replace(hyperparams=hyper))
-
-  return optax_gqc.AccumulationTransformation(
-      tx.init,
-      lambda g, s, p=None, **kw: tx.update(g, scheduled(s), p, **kw),
-      lambda g, s, p, **kw: tx.update_and_apply(g, scheduled(s), p, **kw),
-  )
-
-
 def make_optimizer(
     spec: Mapping[str, Any], knobs: Mapping[str, Any], setup: Setup
 ) -> optax_gqc.AccumulationTransformation:
@@ -289,13 +250,16 @@ def make_optimizer(
     max_draws = end
   else:
     raise ValueError(f'unknown arm kind {kind!r}')
-  return token_scheduled(
+  # The learning rate is a schedule of the microbatch count (tokens), not of
+  # the optimizer steps, whose pace the gate decides.
+  return optax_gqc.scheduled_accumulation(
+      optax.adamw,
       gate,
-      lr_schedule(knobs['lr'], setup),
+      {'learning_rate': lr_schedule(knobs['lr'], setup)},
       max_draws=max_draws,
       microbatch_size=mb,
-      weight_decay=setup.weight_decay,
       scale_by_draws=SCALE_BY_DRAWS[spec.get('scale_by_draws')],
+      weight_decay=setup.weight_decay,
   )
 
 
