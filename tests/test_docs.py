@@ -16,6 +16,7 @@ PUBLIC_MODULES = [
     'optax_gqc.sampling',
     'optax_gqc.interop.torch',
     'optax_gqc.interop.torch_replay',
+    'optax_gqc.interop.nnx',
 ]
 
 
