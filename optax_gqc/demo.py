@@ -13,12 +13,14 @@ step. The arms are the rows of :data:`ARMS`:
 
 - the fixed-batch frontier: ``control`` steps on every microbatch; ``fixed2``,
   ``fixed4`` and ``fixed8`` on the mean of k microbatches, each at its own
-  peak learning rate, :func:`frontier_lr` (``--lr`` times sqrt(k));
+  peak learning rate, :func:`frontier_lr` (a sweep found the same peak best
+  for k = 1, 2 and 4);
 - adaptive arms, at the k = 1 learning rate with each step scaled by the square
   root of the microbatches it averaged: ``critical`` (a batch of a fraction of
-  the measured noise scale), ``gnts`` (a mean gradient short against the
-  microbatch norms, or precise by the norm test), ``warmup`` (a scheduled batch
-  warmup from 1 to 8 microbatches).
+  the measured noise scale), ``gnts`` (the scale-free default: a mean gradient
+  short against the microbatch norms, or precise by the norm test), and two
+  scheduled batch warmups: ``seesaw`` (the batch grows as the learning rate
+  decays, Seesaw's rule) and ``warmup`` (linear in tokens, 1 to 8 microbatches).
 
 Fewer optimizer steps at the same tokens usually cost loss. The fixed arms
 draw that trade-off as a curve of validation loss against optimizer steps; an
@@ -64,13 +66,16 @@ ARMS: dict[str, dict[str, Any]] = {
     'fixed8': {'kind': 'fixed', 'k': 8},
     'critical': {'kind': 'critical', 'fraction': 0.5, 'max_draws': 32, 'scale_by_draws': 'sqrt'},
     'gnts': {'kind': 'gnts', 'ratio': 0.5, 'eta': 0.8, 'max_draws': 32, 'scale_by_draws': 'sqrt'},
+    'seesaw': {'kind': 'seesaw', 'max_draws': 16, 'scale_by_draws': 'sqrt'},
     'warmup': {'kind': 'warmup', 'start': 1, 'end': 8, 'scale_by_draws': 'sqrt'},
 }
 FRONTIER = tuple(a for a, spec in ARMS.items() if spec['kind'] == 'fixed')  # the fixed arms
 
-# Peak learning rates of the fixed arms by k, where a sweep has set them; a k
-# not listed follows the square-root rule of frontier_lr.
-FRONTIER_LR: dict[int, float] = {}
+# Peak learning rates of the fixed arms by k, from a sweep at 900k tokens of the
+# default model (docs/research.md): the best of 3 or 4 values for each k, the
+# same for k = 1, 2 and 4. A k not listed follows the square-root rule of
+# frontier_lr.
+FRONTIER_LR: dict[int, float] = {1: 4.2e-3, 2: 4.2e-3, 4: 4.2e-3, 8: 6e-3}
 
 # Knobs passed to the train program as arrays rather than baked in as
 # constants, by kind: the fixed arms then share one compiled program.
@@ -186,13 +191,17 @@ class Setup(NamedTuple):
 def frontier_lr(k: int, args: argparse.Namespace) -> float:
   """The peak learning rate of the fixed arm of ``k`` microbatches per step.
 
-  :data:`FRONTIER_LR` where a sweep has set it; otherwise the square-root rule
-  for Adam, ``--lr`` times sqrt(k): a mean over ``k`` times the examples has
+  :data:`FRONTIER_LR` where a sweep has set it (on the default model at 900k
+  tokens, with the default ``--lr``; other settings may want their own sweep),
+  scaled with ``--lr``; otherwise the square-root rule for Adam, ``--lr``
+  times sqrt(k): a mean over ``k`` times the examples has
   ``k`` times less gradient variance, which allows a step sqrt(k) times longer
   (Malladi et al, `On the SDEs and Scaling Rules for Adaptive Gradient
   Algorithms <https://arxiv.org/abs/2205.10287>`_, 2022).
   """
-  return FRONTIER_LR.get(k, args.lr * math.sqrt(k))
+  if k in FRONTIER_LR:
+    return FRONTIER_LR[k] * args.lr / FRONTIER_LR[1]
+  return args.lr * math.sqrt(k)
 
 
 def arm_knobs(spec: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -242,6 +251,17 @@ def make_optimizer(
         gates.norm_below(spec['ratio'], relative=True), gates.relative_error_below(spec['eta'])
     )
     max_draws = spec['max_draws']
+  elif kind == 'seesaw':
+    # The batch grows as the learning rate decays (Meterez et al. 2025): where
+    # the schedule is at a fraction c of its peak, step on 1/c microbatches
+    # (and, with scale_by_draws, sqrt(1/c) times the step) instead of on one
+    # microbatch with a step c times the peak. One microbatch during warmup.
+    shape = lr_schedule(1.0, setup)
+    warm = max(int(setup.warmup * setup.count), 1)
+    max_draws = spec['max_draws']
+    gate = gates.batch_size_at_least(
+        lambda t: mb * jnp.where(t < warm, 1.0, jnp.minimum(1.0 / shape(t), max_draws)), mb
+    )
   elif kind == 'warmup':  # the logical batch grows linearly in tokens
     start, end, count = spec['start'], spec['end'], setup.count
     gate = gates.batch_size_at_least(
@@ -964,9 +984,9 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
       '--lr',
       metavar='X',
       type=_float_in(0, 1, open_low=True),
-      default=3e-3,
-      help='peak learning rate at one microbatch per step; the fixed arm of k microbatches '
-      'uses lr * sqrt(k) (frontier_lr)',
+      default=4.2e-3,
+      help='peak learning rate at one microbatch per step, and of the adaptive arms; the fixed '
+      'arms scale the swept rates by lr / 4.2e-3 (frontier_lr)',
   )
   add(
       '--weight-decay',

@@ -64,9 +64,9 @@ def test_quick_run_arms_share_microbatches_and_differ_in_when_they_step(quick):
   for name, k in (('control', 1), ('fixed2', 2), ('fixed4', 4)):
     summary = arms[name]['summary']
     assert summary['steps'] == count // k and summary['num_forced'] == 0
-    assert summary['peak_lr'] == pytest.approx(3e-3 * math.sqrt(k))
+    assert summary['peak_lr'] == pytest.approx(demo.FRONTIER_LR[k])
   critical = arms['critical']
-  assert critical['summary']['peak_lr'] == pytest.approx(3e-3)
+  assert critical['summary']['peak_lr'] == pytest.approx(4.2e-3)
   draws = critical['draws_per_step']  # the microbatches of every step add up
   assert len(draws) == critical['summary']['steps'] and sum(draws) <= count
   assert all(1 <= d <= 32 for d in draws) and max(draws) >= 2  # it probes the noise
@@ -111,7 +111,7 @@ def test_demo_trains_on_a_users_file(tmp_path):
   assert payload['arms']['control']['summary']['val_loss'] < 1.0  # easy, repetitive text
 
 
-@pytest.mark.parametrize('arm', ['control', 'fixed2', 'critical'])
+@pytest.mark.parametrize('arm', ['control', 'fixed2', 'critical', 'seesaw'])
 def test_a_block_is_bitwise_a_python_loop_of_steps(arm):
   spec = demo.ARMS[arm]
   setup = demo.Setup(microbatch=8, count=156, warmup=0.05, weight_decay=0.01)
@@ -145,7 +145,7 @@ def test_a_block_is_bitwise_a_python_loop_of_steps(arm):
   assert bits(block_state) == bits(state)
   assert bits(block_losses) == bits(jnp.stack(losses))
   assert bits(block_steps) == bits(jnp.stack(steps))
-  if arm != 'critical':
+  if spec['kind'] == 'fixed':
     k = spec['k']
     assert np.array_equal(block_steps, np.arange(1, 40) // k)
 
@@ -158,16 +158,6 @@ def test_plan_cuts_the_budget_into_equal_blocks_evaluated_at_block_ends():
   assert np.all(np.diff(p.evals) > 0)
   small = demo.plan(40_000, 256, 4, 50)  # 156 microbatches: 4 blocks of 39
   assert small == demo.Plan(156, 39, (39, 78, 117, 156))
-
-
-def test_frontier_learning_rate_follows_the_square_root_rule_unless_swept(monkeypatch):
-  args = argparse.Namespace(lr=0.01)
-  assert demo.frontier_lr(1, args) == 0.01
-  assert demo.frontier_lr(4, args) == pytest.approx(0.02)
-  monkeypatch.setitem(demo.FRONTIER_LR, 4, 0.005)
-  assert demo.frontier_lr(4, args) == 0.005
-  assert demo.arm_knobs(demo.ARMS['fixed4'], args) == {'lr': 0.005, 'k': 4}
-  assert demo.arm_knobs(demo.ARMS['critical'], args) == {'lr': 0.01}
 
 
 def test_study_runs_every_seed_and_writes_its_summary(quick, tmp_path):
@@ -398,8 +388,8 @@ def test_help_lists_every_flag_with_help_default_and_choices(capsys):
   assert exit_info.value.code == 0
   text = ' '.join(capsys.readouterr().out.split())
   assert text.startswith('usage: python -m optax_gqc.demo')
-  assert 'choices: control, fixed2, fixed4, fixed8, critical, gnts, warmup' in text
-  for default in (demo.DEFAULT_TOKENS, 0.003, './gqc-demo-out'):
+  assert 'choices: control, fixed2, fixed4, fixed8, critical, gnts, seesaw, warmup' in text
+  for default in (demo.DEFAULT_TOKENS, 0.0042, './gqc-demo-out'):
     assert f'(default: {default})' in text
 
 
@@ -477,3 +467,32 @@ def test_relative_threshold_in_the_signal_dominated_regime_needs_the_valve():
   relative = gates.norm_below(0.5, relative=True)
   assert steps(relative) == (1, 6)  # the mean cannot get shorter than the signal: max_draws
   assert steps(gates.any_of(relative, gates.relative_error_below(0.8))) == (3, 2)  # steps promptly
+
+
+def test_frontier_lr_follows_the_sweep_scaled_by_lr_and_the_sqrt_rule_beyond_it(monkeypatch):
+  args = argparse.Namespace(lr=8.4e-3)  # twice the swept k = 1 peak
+  assert demo.frontier_lr(1, args) == pytest.approx(8.4e-3)
+  assert demo.frontier_lr(8, args) == pytest.approx(2 * demo.FRONTIER_LR[8])
+  assert demo.frontier_lr(16, args) == pytest.approx(8.4e-3 * 4)  # not swept: sqrt(16)
+  monkeypatch.delitem(demo.FRONTIER_LR, 4)
+  assert demo.arm_knobs(demo.ARMS['fixed4'], args) == {'lr': pytest.approx(8.4e-3 * 2), 'k': 4}
+  assert demo.arm_knobs(demo.ARMS['critical'], args) == {'lr': 8.4e-3}
+
+
+def test_seesaw_batch_grows_as_the_learning_rate_decays():
+  setup = demo.Setup(microbatch=8, count=1000, warmup=0.05, weight_decay=0.01)
+  spec = demo.ARMS['seesaw']
+  tx = demo.make_optimizer(spec, demo.arm_knobs(spec, argparse.Namespace(lr=4.2e-3)), setup)
+  state = tx.init({'w': jnp.zeros(2)})
+  update = jax.jit(tx.update)
+  draws = []
+  for _ in range(1000):
+    _, state = update({'w': jnp.ones(2)}, state, {'w': jnp.zeros(2)})
+    if int(state.num_draws) == 0:
+      draws.append(int(state.last_num_draws))
+  shape = demo.lr_schedule(1.0, setup)
+  # Where the schedule is at a fraction c of its peak, a step takes ceil(1/c) draws.
+  assert draws[:50] == [1] * 50  # warmup, then the top of the cosine
+  assert max(draws) == spec['max_draws'] or max(draws) == math.ceil(1 / float(shape(999)))
+  assert draws == sorted(draws)  # the batch only grows
+  assert len(draws) < 0.5 * 1000  # about 0.4x the steps of one microbatch a step
