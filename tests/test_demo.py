@@ -388,7 +388,7 @@ def test_help_lists_every_flag_with_help_default_and_choices(capsys):
   assert exit_info.value.code == 0
   text = ' '.join(capsys.readouterr().out.split())
   assert text.startswith('usage: python -m optax_gqc.demo')
-  assert 'choices: control, fixed2, fixed4, fixed8, critical, gnts, seesaw, warmup' in text
+  assert 'choices: control, fixed2, fixed3, fixed4, fixed8, critical, gnts, seesaw, warmup' in text
   for default in (demo.DEFAULT_TOKENS, 0.0042, './gqc-demo-out'):
     assert f'(default: {default})' in text
 
@@ -496,3 +496,11 @@ def test_seesaw_batch_grows_as_the_learning_rate_decays():
   assert max(draws) == spec['max_draws'] or max(draws) == math.ceil(1 / float(shape(999)))
   assert draws == sorted(draws)  # the batch only grows
   assert len(draws) < 0.5 * 1000  # about 0.4x the steps of one microbatch a step
+
+
+def test_the_main_job_runs_a_frontier_of_four_and_the_study_every_arm():
+  arms = demo.parse_args([]).arms
+  assert tuple(arms) == demo.DEFAULT_ARMS
+  assert sum(demo.ARMS[a]['kind'] == 'fixed' for a in arms) >= 4
+  assert tuple(demo.parse_args(['--study']).arms) == tuple(demo.ARMS)
+  assert tuple(demo.parse_args(['--study', '--arms', 'control,gnts']).arms) == ('control', 'gnts')
