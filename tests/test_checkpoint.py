@@ -41,7 +41,9 @@ def loss_fn(params, x, y):
 OPTIMIZERS = {
     'gnts': lambda: optax_gqc.gnts(optax.adamw(1e-2), 1.4, max_draws=4),
     'critical_batch': lambda: optax_gqc.accumulate(
-        optax.sgd(0.05, momentum=0.9), gates.critical_batch(0.5, 8), max_draws=4
+        optax.sgd(0.05, momentum=0.9),
+        gates.critical_batch(0.5, 8, bootstrap_steps=1),  # mid-accumulation at SAVE_AT
+        max_draws=4,
     ),
     'mht': lambda: optax_gqc.mht(optax.adam(1e-2), 0.9, 0.2, max_draws=4),
     'gnts_with_cosine_schedule': lambda: optax_gqc.gnts_with_cosine_schedule(
