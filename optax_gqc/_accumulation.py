@@ -67,6 +67,9 @@ class AccumulationTransformation(optax.GradientTransformationExtraArgs):
     tx.update_and_apply = update_and_apply
     return tx
 
+  def __getnewargs__(self):  # copy.copy and copy.deepcopy keep the fused path
+    return (self.init, self.update, self.update_and_apply)
+
 
 def _check_state(state: Any) -> None:
   """Raises at trace time unless ``state`` is an accumulation's state."""
@@ -673,7 +676,9 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   (0 when not given); the noise scale ``noise_scale``
   (:math:`B_\text{simple}`) with its parts ``grad_sq_norm_est`` and
   ``trace_cov_est`` (bias-corrected EMAs; NaN until a step has averaged
-  two microbatches); and the gate's reported entries: its current
+  two microbatches; the raw ratio, negative when the estimate of
+  :math:`|G|^2` is, where noise swamps the signal: a gate reads that as an
+  infinite noise scale); and the gate's reported entries: its current
   hyperparameters (e.g. ``threshold``), estimates and counters, but not the
   running sums it keeps for itself (see :class:`~optax_gqc.gates.Gate`). A
   gate entry whose name is taken gets a suffix ``_1``, ``_2``, ...

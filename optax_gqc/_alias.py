@@ -5,7 +5,7 @@ from typing import Any
 import optax
 
 from optax_gqc import _checks, gates
-from optax_gqc._accumulation import accumulate
+from optax_gqc._accumulation import AccumulationTransformation, accumulate
 from optax_gqc._scale_to_norm import scale_to_norm
 
 
@@ -15,12 +15,12 @@ def gnts(
     *,
     ratio: optax.ScalarOrSchedule | None = None,
     eta: optax.ScalarOrSchedule | None = None,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
     axis_name: Any = None,
-) -> optax.GradientTransformationExtraArgs:
+) -> AccumulationTransformation:
   r"""Gradient Norm Threshold Scheduling: accumulate until the mean is short.
 
   Steps ``inner`` on the mean :math:`\bar g` of the accumulated microbatch
@@ -100,7 +100,7 @@ def gnts(
     )
   elif ratio is not None:
     raise ValueError(
-        'gnts: give either threshold (an absolute norm, torch-gqc\'s rule) or ratio (the '
+        "gnts: give either threshold (an absolute norm, torch-gqc's rule) or ratio (the "
         'scale-free threshold, relative to the microbatch norms), not both'
     )
   elif eta is None:
@@ -127,7 +127,7 @@ def sbc(
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
     axis_name: Any = None,
-) -> optax.GradientTransformationExtraArgs:
+) -> AccumulationTransformation:
   r"""Scheduled Batch Control: step once ``logical_batch_size`` examples are in.
 
   Steps ``inner`` when :math:`n \cdot \text{microbatch\_size} \ge
@@ -152,7 +152,8 @@ def sbc(
     axis_name: as in :func:`gnts`.
 
   Returns:
-    A :class:`optax.GradientTransformationExtraArgs`.
+    An :class:`~optax_gqc.AccumulationTransformation`, called once per
+    microbatch.
 
   Example:
     >>> import optax, optax_gqc
@@ -175,12 +176,12 @@ def noise_ratio_accumulation(
     inner: optax.GradientTransformation,
     tolerance: optax.ScalarOrSchedule,
     *,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
     axis_name: Any = None,
-) -> optax.GradientTransformationExtraArgs:
+) -> AccumulationTransformation:
   """Accumulates until the microbatch norms vary little (torch-gqc's GNS wrapper).
 
   ``accumulate(inner, gates.noise_ratio_below(tolerance))``: see
@@ -216,12 +217,12 @@ def mht(
     percent_error: optax.ScalarOrSchedule,
     *,
     decay: float = 0.99,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
     axis_name: Any = None,
-) -> optax.GradientTransformationExtraArgs:
+) -> AccumulationTransformation:
   """Accumulates until a t-interval on the loss is tight (torch-gqc's MHT wrapper).
 
   ``accumulate(inner, gates.loss_interval(confidence, percent_error, decay=decay))``:
@@ -253,12 +254,12 @@ def norm_test_accumulation(
     inner: optax.GradientTransformation,
     eta: optax.ScalarOrSchedule,
     *,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
     axis_name: Any = None,
-) -> optax.GradientTransformationExtraArgs:
+) -> AccumulationTransformation:
   """Accumulates until the mean gradient passes the norm test (Byrd et al., AdAdaGrad).
 
   ``accumulate(inner, gates.relative_error_below(eta))``: steps when the estimated

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks, gates
-from optax_gqc._accumulation import AccumulationTransformation, accumulate
+from optax_gqc._accumulation import AccumulationTransformation, _check_state, accumulate
 from optax_gqc._scale_to_norm import scale_to_norm
 from optax_gqc.schedules import (  # _check_steps: the schedules' own check, kept in their leaf
     _check_steps,
@@ -82,7 +82,7 @@ def scheduled_accumulation(
     axis_name: Any = None,
     hyperparam_dtype: Any = jnp.float32,
     **optimizer_kwargs: Any,
-) -> optax.GradientTransformationExtraArgs:
+) -> AccumulationTransformation:
   """An accumulation whose inner hyperparameters follow schedules of the *microbatch* count.
 
   ``accumulate(inject_hyperparams(optimizer)(**optimizer_kwargs, **hyperparams), gate)``,
@@ -153,6 +153,7 @@ def scheduled_accumulation(
   )
 
   def scheduled(state):
+    _check_state(state)
     hyper = dict(state.inner_state.hyperparams)
     for k, schedule in hyperparams.items():
       hyper[k] = jnp.asarray(schedule(state.num_batches), hyper[k].dtype)
@@ -188,7 +189,7 @@ _OWN_ARGS = (
 
 
 def _recipe(*, conventional_lr: bool, gnr: bool = False):
-  """Makes a recipe of a function that returns its gate, built by one helper for all.
+  """Turns a function that returns a recipe's gate into the recipe.
 
   The decorated function keeps its signature and docstring, and its body
   returns only what sets the recipe apart: its gate (with ``gnr``, the
@@ -259,7 +260,7 @@ def gnts_with_cosine_schedule(
     initial_threshold: float = 0.95,
     final_threshold: float = 0.25,
     warmup_multiplier: float = 10.0,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     weight_decay: float | None = 0.01,
@@ -329,7 +330,7 @@ def gnts_with_cosine_schedule_conventional_lr(
     initial_threshold: float = 0.95,
     final_threshold: float = 0.25,
     warmup_multiplier: float = 10.0,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     microbatch_size: int | None = None,
@@ -421,7 +422,7 @@ def sbc_with_polynomial_schedule(
     total_steps: int,
     warmup_steps: int,
     power: float = 2.0,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     weight_decay: float | None = 0.01,
@@ -482,7 +483,7 @@ def sbc_with_polynomial_schedule_conventional_lr(
     total_steps: int,
     warmup_steps: int,
     power: float = 2.0,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     accumulator_dtype: Any = None,
@@ -513,7 +514,7 @@ def gns_with_cosine_schedule(
     total_steps: int,
     warmup_steps: int,
     warmup_multiplier: float = 10.0,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     microbatch_size: int | None = None,
@@ -563,7 +564,7 @@ def gns_default(
     tolerance: float,
     total_steps: int,
     warmup_steps: int,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     microbatch_size: int | None = None,
@@ -590,7 +591,7 @@ def mht_with_warmup_schedule(
     percent_error: float,
     total_steps: int,
     warmup_steps: int,
-    max_draws: int = 64,
+    max_draws: int | None = 64,
     *,
     decay: float = 0.99,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,

@@ -12,9 +12,9 @@ warmup, then a cosine to a tenth of the peak): arms differ only in when they
 step. The arms are the rows of :data:`ARMS`:
 
 - the fixed-batch frontier: ``control`` steps on every microbatch; ``fixed2``,
-  ``fixed4`` and ``fixed8`` on the mean of k microbatches, each at its own
-  peak learning rate, :func:`frontier_lr` (a sweep found the same peak best
-  for k = 1, 2 and 4);
+  ``fixed3``, ``fixed4`` and ``fixed8`` on the mean of k microbatches, each at
+  its own peak learning rate, :func:`frontier_lr` (a sweep found the same peak
+  best for k = 1, 2 and 4);
 - adaptive arms, at the k = 1 learning rate with each step scaled by the square
   root of the microbatches it averaged: ``critical`` (a batch of a fraction of
   the measured noise scale), ``gnts`` (the scale-free default: a mean gradient
@@ -935,11 +935,11 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
           'Adaptive gradient accumulation against the fixed-batch frontier, on real text: '
           'every arm trains the same byte-level transformer on the same microbatches, and '
           'the verdict says whether an adaptive arm lands below the loss-against-steps curve '
-          'of fixed batches of 1, 2, 4 and 8 microbatches.'
+          'of fixed batches of 1, 2, 3 and 4 microbatches (and 8 with --study).'
       ),
       epilog=(
           "The adaptive arms' knobs are the table ARMS in optax_gqc/demo.py. "
-          "The README's figures: python -m optax_gqc.demo --study --out docs/demo. "
+          "The README's figures: python -m optax_gqc.demo --study --tokens 900000 --out docs/demo. "
           'Ctrl-C stops, keeps the arms that finished, and exits 130. See docs/demo.md.'
       ),
       formatter_class=_Formatter,

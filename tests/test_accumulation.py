@@ -1,5 +1,6 @@
 """Tests of the accumulation engine, its statistics and its argument checks."""
 
+import copy
 import functools
 from typing import NamedTuple
 
@@ -501,6 +502,20 @@ def test_update_and_apply_equals_the_optax_path_bitwise(name):
     assert 0 < steps < len(grads)  # both branches ran
   else:
     assert not np.array_equal(params['w'], PARAMS['w'])
+
+
+@pytest.mark.parametrize('clone', [copy.copy, copy.deepcopy])
+def test_a_copied_accumulation_keeps_its_fused_path(clone):
+  tx = optax_gqc.sbc(optax.sgd(0.05), 2, 1)
+  twin = clone(tx)
+  assert type(twin) is optax_gqc.AccumulationTransformation
+  params, state = PARAMS, twin.init(PARAMS)
+  ref_params, ref_state = PARAMS, tx.init(PARAMS)
+  for g in grad_stream(6, seed=4):
+    params, state = jax.jit(twin.update_and_apply)(g, state, params)
+    ref_params, ref_state = jax.jit(tx.update_and_apply)(g, ref_state, ref_params)
+    chex.assert_trees_all_equal((params, state), (ref_params, ref_state))
+  assert int(state.num_steps) == 3
 
 
 def test_update_and_apply_updates_donated_params_and_state_in_place():

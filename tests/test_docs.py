@@ -45,7 +45,7 @@ print(json.dumps(sorted(app.env.get_domain('py').objects)))
 @pytest.fixture(scope='module')
 def documented_objects(tmp_path_factory):
   """The Python objects the docs describe, from a build that writes nothing."""
-  # What the docs build needs: the docs extra, flax for the demo's --help, and
+  # What the docs build needs: the docs extra, flax for the page of interop.nnx, and
   # torch for the pages of optax_gqc.interop.
   for module in ('sphinx', 'myst_parser', 'flax', 'torch'):
     pytest.importorskip(module)

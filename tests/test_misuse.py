@@ -402,6 +402,15 @@ AT_FIRST_TRACE = {
         'state is a dict',
         r'tx.init\(params\)',
     ),
+    'state of the inner optimizer, to a recipe': (
+        lambda: first_update(
+            optax_gqc.sbc_with_polynomial_schedule(0.1, 1, 2.0, 4.0, 20, 2),
+            state=sgd().init(PARAMS),
+        ),
+        TypeError,
+        'state',
+        r'tx.init\(params\)',
+    ),
     'update before init': (
         lambda: optax_gqc.gnts(sgd(), 0.5).update(PARAMS, None, PARAMS),
         TypeError,

@@ -9,7 +9,7 @@ optimizer as ``optimizer.update`` does, bit for bit, through
 parameters.
 
 Needs Flax (``pip install flax``), with the ``nnx.Optimizer(model, tx,
-wrt=...)`` API of Flax 0.11 and later.
+wrt=...)`` API of Flax 0.12 and later.
 """
 
 from typing import Any

@@ -35,7 +35,7 @@ __all__ = [
     'tree_to_torch',
 ]
 
-TensorSource = torch.nn.Module | Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+_TensorSource = torch.nn.Module | Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
 
 def to_jax(tensor: torch.Tensor) -> jax.Array:
@@ -92,13 +92,11 @@ def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
   return jax.tree.map(lambda x: to_torch(x, device), tree)
 
 
-def _named_tensors(source: TensorSource) -> dict[str, torch.Tensor]:
+def _named_tensors(source: _TensorSource) -> dict[str, torch.Tensor]:
   """``{name: tensor}`` of a module's parameters, a mapping, or (name, tensor) pairs."""
   if isinstance(source, torch.nn.Module):
     named = dict(source.named_parameters())
-  elif isinstance(source, Mapping):
-    named = dict(source)
-  else:
+  else:  # a mapping, or (name, tensor) pairs
     named = dict(source)
   for name, value in named.items():
     if not isinstance(value, torch.Tensor):
@@ -116,7 +114,7 @@ def _check_same_names(where: str, have: Mapping[str, Any], given: Mapping[str, A
     )
 
 
-def params_to_jax(source: TensorSource) -> dict[str, jax.Array]:
+def params_to_jax(source: _TensorSource) -> dict[str, jax.Array]:
   """A module's parameters as a JAX pytree: ``{name: jax.Array}``.
 
   Args:
@@ -137,7 +135,7 @@ def params_to_jax(source: TensorSource) -> dict[str, jax.Array]:
   return {name: to_jax(t) for name, t in _named_tensors(source).items()}
 
 
-def grads_to_jax(source: TensorSource) -> dict[str, jax.Array]:
+def grads_to_jax(source: _TensorSource) -> dict[str, jax.Array]:
   """The ``.grad`` of every parameter as a JAX pytree shaped like the params.
 
   A parameter without a gradient (``.grad is None``) gets zeros, so the tree
@@ -163,7 +161,7 @@ def grads_to_jax(source: TensorSource) -> dict[str, jax.Array]:
   }
 
 
-def load_into(module: TensorSource, tree: Mapping[str, Any]) -> None:
+def load_into(module: _TensorSource, tree: Mapping[str, Any]) -> None:
   """Writes a ``{name: array}`` pytree into a module's parameters, in place.
 
   Every parameter must be named once, with its shape; values are cast to the
@@ -201,7 +199,7 @@ def load_into(module: TensorSource, tree: Mapping[str, Any]) -> None:
       target.copy_(source)
 
 
-def set_grads(module: TensorSource, grads: Mapping[str, Any], *, accumulate: bool = False) -> None:
+def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bool = False) -> None:
   """Sets (or adds to) the ``.grad`` of a module's parameters from a pytree.
 
   With ``accumulate=False`` every ``.grad`` is replaced by a copy of the given
@@ -238,7 +236,7 @@ def set_grads(module: TensorSource, grads: Mapping[str, Any], *, accumulate: boo
     g = to_torch(value).to(device=target.device, dtype=target.dtype)
     if tuple(g.shape) != tuple(target.shape):
       raise ValueError(
-          f'set_grads: {name!r} has shape {tuple(g.shape)}, the parameter ' f'{tuple(target.shape)}'
+          f'set_grads: {name!r} has shape {tuple(g.shape)}, the parameter {tuple(target.shape)}'
       )
     tensors.append(target)
     values.append(g)
