@@ -14,6 +14,7 @@ paper's pseudocode); sgd_sai scales first, which gives the same update.
 
 import argparse
 import json
+import sys
 
 import jax
 import optax
@@ -41,7 +42,8 @@ def candidates() -> dict[str, optax.GradientTransformation]:
   }
 
 
-def main():
+def main() -> int:
+  """Prints the table; returns 1 if a target fails, else 0."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--params', type=int, default=5_242_880)
   parser.add_argument('--rounds', type=int, default=9)
@@ -101,7 +103,8 @@ def main():
           f,
           indent=2,
       )
+  return 0 if all(targets.values()) else 1
 
 
 if __name__ == '__main__':
-  main()
+  sys.exit(main())

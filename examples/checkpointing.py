@@ -1,6 +1,6 @@
 """Checkpoint GNTS mid-accumulation with Orbax and resume: ``python examples/checkpointing.py``.
 
-Needs orbax-checkpoint (``pip install 'optax-gqc[checkpoint]'``). The state of
+Needs orbax-checkpoint (``pip install -e ".[checkpoint]"``). The state of
 an accumulation is a pytree of arrays like any Optax state: the accumulator
 of the microbatches taken since the last step, the counters, the gate's
 scalars, the noise-scale estimates and the inner optimizer's state. Saved

@@ -44,7 +44,7 @@ def test_default_gnts_trains_where_an_absolute_threshold_starves():
   assert int(stats['num_forced']) <= 0.02 * int(stats['num_steps'])
   assert 400 / 8 < int(stats['num_steps']) < 400  # it accumulates, and steps often
 
-  # torch-gqc's absolute rule at the old README's threshold: every step is forced
+  # torch-gqc's absolute rule at a threshold of 0.5: every step is forced
   # by max_draws, and statistics says so.
   start, starved, state, _ = _train(optax_gqc.gnts(optax.adamw(3e-3), 0.5, max_draws=32))
   stats = optax_gqc.statistics(state)

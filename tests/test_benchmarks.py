@@ -191,3 +191,15 @@ def test_train_step_runs_on_a_tiny_transformer(tmp_path):
   assert set(data['ms_per_microbatch']) == set(data['steps'])
   assert all(ms > 0 for ms in data['ms_per_microbatch'].values())
   assert 'intra_op_parallelism_threads=' in run.stdout
+
+
+@pytest.mark.parametrize('sai_ms, status', [(10.5, 0), (11.5, 1)])
+def test_sgd_sai_exit_status_is_that_of_the_targets(load, monkeypatch, capsys, sai_ms, status):
+  bench = load('sgd_sai')
+  names = list(bench.candidates())
+  fake = {name: {'ms': 10.0, 'state_bytes': 2 * MiB, 'temp_bytes': 0} for name in names}
+  fake[names[0]] = {'ms': sai_ms, 'state_bytes': MiB, 'temp_bytes': 0}  # half of adamw's state
+  monkeypatch.setattr(bench, 'measure', lambda *a, **k: fake)
+  monkeypatch.setattr(sys, 'argv', ['sgd_sai.py', '--params', '1024'])
+  assert bench.main() == status
+  assert capsys.readouterr().out.count('FAIL') == status

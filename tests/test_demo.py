@@ -500,7 +500,7 @@ def test_seesaw_batch_grows_as_the_learning_rate_decays():
 
 def test_the_main_job_runs_a_frontier_of_four_and_the_study_every_arm():
   arms = demo.parse_args([]).arms
-  assert tuple(arms) == demo.DEFAULT_ARMS
+  assert tuple(arms) == ('control', 'fixed2', 'fixed3', 'fixed4', 'critical', 'gnts', 'seesaw')
   assert sum(demo.ARMS[a]['kind'] == 'fixed' for a in arms) >= 4
   assert tuple(demo.parse_args(['--study']).arms) == tuple(demo.ARMS)
   assert tuple(demo.parse_args(['--study', '--arms', 'control,gnts']).arms) == ('control', 'gnts')

@@ -21,6 +21,12 @@ opens at ``k`` draws, both with no ``max_draws``. Where Optax only checks that
 the code runs, the adaptation also compares with ``MultiSteps`` itself.
 MultiSteps' ``has_updated(state)`` is ``num_draws == 0 and num_steps > 0`` here,
 and its ``mini_step`` is ``num_draws``.
+
+Left out: ``test_ema`` and ``test_ema_debias`` (they test ``optax.ema``, which
+optax_gqc does not replace) and ``test_skip_large_updates`` (optax_gqc has no
+``skip_large_updates``: clip large gradients in the inner optimizer with
+``optax.clip_by_global_norm``, or rely on the gates, which wait while the mean
+is long).
 """
 
 import flax
@@ -67,16 +73,6 @@ class Loss(flax.linen.Module):
     return jnp.sum(flax.linen.Dense(10, dtype=dtype, param_dtype=param_dtype)(x) ** 2)
 
 
-@pytest.mark.skip(reason='tests optax.ema, an Optax helper that optax_gqc does not replace')
-def test_ema():
-  pass
-
-
-@pytest.mark.skip(reason='tests optax.ema, an Optax helper that optax_gqc does not replace')
-def test_ema_debias():
-  pass
-
-
 @pytest.mark.parametrize(
     'bad', [float('inf'), -float('inf'), float('nan')], ids=['pos_inf', 'neg_inf', 'nan']
 )
@@ -89,14 +85,6 @@ def test_skip_not_finite(bad):
   assert int(state.num_skipped) == 1 and int(state.num_draws) == 0
   _, state = update([jnp.array(11.0), jnp.zeros([])], state, params)
   assert int(state.num_skipped) == 1 and int(state.num_draws) == 1
-
-
-@pytest.mark.skip(
-    reason='optax_gqc has no skip_large_updates: clip large gradients in the inner optimizer '
-    '(optax.clip_by_global_norm), or rely on the gates, which wait while the mean is long'
-)
-def test_skip_large_updates():
-  pass
 
 
 @MULTI_STEPS

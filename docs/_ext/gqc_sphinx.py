@@ -1,9 +1,8 @@
-"""Sphinx helpers for the optax_gqc docs: pages driven by the code, not copied from it.
+"""Sphinx extensions for the optax_gqc docs: pages driven by the code, not copied from it.
 
 - ``.. module-api:: MODULE`` is an autosummary table of ``MODULE.__all__``
   (submodules listed apart), then the documentation of each of those names, so
   a name added to ``__all__`` shows up without editing the docs.
-- ``.. program-help:: MODULE`` is the ``--help`` text of ``python -m MODULE``.
 - Signatures say ``optax.ScalarOrSchedule`` rather than the union it stands for.
 - The fields of a ``NamedTuple`` are documented from their trailing comments
   (``num_draws: jax.Array  # int32: ...``) rather than "Alias for field number".
@@ -12,12 +11,9 @@
 import functools
 import importlib
 import inspect
-import os
 import re
-import subprocess
 import sys
 
-from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
 
@@ -49,26 +45,6 @@ class ModuleApi(SphinxDirective):
       kind = 'class' if inspect.isclass(obj) else 'function' if callable(obj) else 'data'
       lines += ['', f'.. auto{kind}:: {name}']
     return self.parse_text_to_nodes('\n'.join(lines))
-
-
-class ProgramHelp(SphinxDirective):
-  """The ``--help`` of ``python -m MODULE``, as the program prints it."""
-
-  required_arguments = 1
-
-  def run(self):
-    env = {**os.environ, 'COLUMNS': '88', 'PYTHONWARNINGS': 'ignore'}
-    out = subprocess.run(
-        [sys.executable, '-m', self.arguments[0], '--help'],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    )
-    text = out.stdout.rstrip()
-    block = nodes.literal_block(text, text)
-    block['language'] = 'text'
-    return [block]
 
 
 _FIELD_ALIAS = re.compile(r'Alias for field number \d+')
@@ -120,7 +96,6 @@ def _short_signature(app, what, name, obj, options, signature, return_annotation
 
 def setup(app):
   app.add_directive('module-api', ModuleApi)
-  app.add_directive('program-help', ProgramHelp)
   app.connect('autodoc-process-docstring', _field_comment)
   app.connect('autodoc-process-signature', _short_signature)
   return {'parallel_read_safe': True, 'parallel_write_safe': True}

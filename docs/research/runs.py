@@ -8,7 +8,7 @@ in tokens from 1 to k_end microbatches), pattern (steps of 2, 1, 1, 1
 microbatches), seesaw (the batch grows as peak / lr(t), rounded up, or by
 "rounding": "floor" / "round"). "sqrt": true scales each step by the square
 root of the microbatches averaged; "seeded_val": true draws the validation
-windows as rounds 1 to 3 did. Run it from docs/research/.
+windows as rounds 1 to 3 did. It imports harness.py from its own folder.
 """
 
 import json
