@@ -1,7 +1,7 @@
 """Gated gradient accumulation: the engine behind every optax_gqc wrapper.
 
 One microbatch gradient comes in per call of ``update``. The engine adds it to
-a float32 accumulator, refreshes a few scalar statistics, asks a gate whether
+an accumulator (float32 by default), refreshes a few scalar statistics, asks a gate whether
 the mean gradient is good enough, and only then runs the inner optimizer on
 that mean. The whole decision is one ``jax.lax.cond`` on device.
 """

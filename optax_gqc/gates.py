@@ -300,7 +300,9 @@ def critical_batch(
 
   Returns:
     A :class:`Gate` whose state reports ``fraction`` and
-    ``target_batch_size``, the logical batch it aims for, in examples.
+    ``target_batch_size``, the logical batch it aims for, in examples (the
+    bootstrap's, or the clipped fraction of the noise scale; a probe's two
+    microbatches do not show in it).
 
   Example:
     >>> import optax, optax_gqc
@@ -358,14 +360,15 @@ def critical_batch(
     target = jnp.clip(f * stats.noise_scale * microbatch_size, lower, upper)
     target = jnp.where(ready, target, bootstrap_draws * microbatch_size)
     since = gate_state['_steps_since_probe']
+    goal = target
     if probe_every:
       probe = (target < 2 * microbatch_size) & (since + 1 >= probe_every)
-      target = jnp.where(probe, 2.0 * microbatch_size, target)
-    step = ~bad & (stats.num_draws * microbatch_size >= target)
+      goal = jnp.where(probe, 2.0 * microbatch_size, target)
+    step = ~bad & (stats.num_draws * microbatch_size >= goal)
     since = jnp.where(step, jnp.where(stats.num_draws >= 2, 0, since + 1), since)
     return step, {
         'fraction': f,
-        'target_batch_size': target,
+        'target_batch_size': target,  # before probes
         'num_bad_hyperparams': _count_bad(gate_state, bad),
         '_steps_since_probe': since,
         '_estimates': estimates,

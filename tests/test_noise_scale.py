@@ -340,3 +340,23 @@ def test_critical_batch_bootstrap_survives_a_negative_first_estimate():
   stats = optax_gqc.statistics(state)
   assert int(stats['num_forced']) == 0
   assert int(stats['num_steps']) >= 15  # bootstrap steps of 2, then about one draw a step
+
+
+def test_critical_batch_reports_its_target_not_its_probes():
+  # B_simple is about one microbatch: the target stays under two microbatches,
+  # and every fourth step probes with two, which the reported target leaves out.
+  grads = [{'w': jax.random.normal(k, (5,)) + 1.0} for k in jax.random.split(jax.random.key(1), 80)]
+  tx = optax_gqc.accumulate(
+      optax.sgd(1.0), gates.critical_batch(0.5, 8), microbatch_size=8, max_draws=64
+  )
+  state, params = tx.init({'w': jnp.zeros(5)}), {'w': jnp.zeros(5)}
+  update = jax.jit(tx.update)
+  probes, targets = 0, []
+  for g in grads:
+    _, state = update(g, state, params)
+    stats = optax_gqc.statistics(state)
+    if int(state.num_steps) > 5 and int(state.num_draws) == 0:  # a step, past the bootstrap
+      probes += int(stats['last_num_draws']) == 2
+      targets.append(float(stats['target_batch_size']))
+  assert probes >= 3
+  assert max(targets) < 16
