@@ -79,6 +79,7 @@ DEFAULT_ARMS = ('control', 'fixed2', 'fixed3', 'fixed4', 'critical', 'gnts', 'se
 # same for k = 1, 2 and 4 (k = 3, between them, was not swept). A k not listed
 # follows the square-root rule of frontier_lr.
 FRONTIER_LR: dict[int, float] = {1: 4.2e-3, 2: 4.2e-3, 3: 4.2e-3, 4: 4.2e-3, 8: 6e-3}
+SWEPT_SIZE = '96x3'  # the model of that sweep; other sizes get a caveat in the verdict
 
 # Knobs passed to the train program as arrays rather than baked in as
 # constants, by kind: the fixed arms then share one compiled program.
@@ -659,7 +660,13 @@ def summarize(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[di
                 if a in per_arm
             ],
             'verdict': verdicts,
-            'verdict_line': verdict_line(verdicts, label),
+            'verdict_line': verdict_line(verdicts, label)
+            + (
+                ''
+                if size == SWEPT_SIZE
+                else f'; caveat: the frontier runs at the learning rates swept at {SWEPT_SIZE}, '
+                'which may not be the best at this size (docs/research.md)'
+            ),
         }
     )
   return out

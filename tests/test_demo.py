@@ -276,6 +276,9 @@ def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
   at0, at1 = (1.90 - d * math.log(700 / 500) / math.log(2) for d in (0.10, 0.06))
   assert v['seed_margins'] == [pytest.approx(at0 - 1.80), pytest.approx(at1 - 1.82)]
   assert summary['verdict_line'].startswith('verdict (8x1, seeds 0,1, spread 0.040)')
+  assert 'caveat: the frontier runs at the learning rates swept at 96x3' in summary['verdict_line']
+  swept = demo.summarize([{**r, 'size': '96x3'} for r in runs[:2]], ['control', 'fixed2'])
+  assert 'caveat' not in swept[0]['verdict_line']
   assert len(demo.table(summary)) == 2 + 3
   demo.plot_study(runs, [summary, small], tmp_path / 'study.png')
   assert (tmp_path / 'study.png').stat().st_size > 0
