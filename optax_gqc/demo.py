@@ -74,12 +74,17 @@ FRONTIER = tuple(a for a, spec in ARMS.items() if spec['kind'] == 'fixed')  # th
 # The main job's arms: --study runs every arm of ARMS.
 DEFAULT_ARMS = ('control', 'fixed2', 'fixed3', 'fixed4', 'critical', 'gnts', 'seesaw')
 
-# Peak learning rates of the fixed arms by k, from a sweep at 900k tokens of the
-# default model (docs/research.md): the best of 3 or 4 values for each k, the
-# same for k = 1, 2 and 4 (k = 3, between them, was not swept). A k not listed
-# follows the square-root rule of frontier_lr.
-FRONTIER_LR: dict[int, float] = {1: 4.2e-3, 2: 4.2e-3, 3: 4.2e-3, 4: 4.2e-3, 8: 6e-3}
-SWEPT_SIZE = '96x3'  # the model of that sweep; other sizes get a caveat in the verdict
+# Peak learning rates of the fixed arms by model size (width x layers) and k,
+# from sweeps at 900k tokens with the default --lr (docs/research.md): at 96x3
+# the best of 3 or 4 values for each k, the same for k = 1, 2 and 4 (k = 3,
+# between them, was not swept); at 64x2 the best of 4 for k >= 2 (k = 1 within
+# 0.001 nats of its best). A size not listed takes the default model's rates,
+# and its verdict says so; a k not listed follows the square-root rule.
+FRONTIER_LR: dict[str, dict[int, float]] = {
+    '96x3': {1: 4.2e-3, 2: 4.2e-3, 3: 4.2e-3, 4: 4.2e-3, 8: 6e-3},
+    '64x2': {1: 4.2e-3, 2: 8.5e-3, 3: 8.5e-3, 4: 8.5e-3, 8: 1.2e-2},
+}
+SWEPT_LR = 4.2e-3  # the --lr of those sweeps: the rates scale by --lr / SWEPT_LR
 
 # Knobs passed to the train program as arrays rather than baked in as
 # constants, by kind: the fixed arms then share one compiled program.
@@ -192,25 +197,29 @@ class Setup(NamedTuple):
   weight_decay: float
 
 
-def frontier_lr(k: int, args: argparse.Namespace) -> float:
+def frontier_lr(k: int, args: argparse.Namespace, size: str = '96x3') -> float:
   """The peak learning rate of the fixed arm of ``k`` microbatches per step.
 
-  :data:`FRONTIER_LR` where a sweep has set it (on the default model at 900k
-  tokens, with the default ``--lr``; other settings may want their own sweep),
-  scaled with ``--lr``; otherwise the square-root rule for Adam, ``--lr``
+  :data:`FRONTIER_LR` of the model ``size`` (the default model's for a size
+  not swept) where a sweep has set it (at 900k tokens, with the default
+  ``--lr``; other settings may want their own sweep), scaled by ``--lr`` /
+  :data:`SWEPT_LR`; otherwise the square-root rule for Adam, ``--lr``
   times sqrt(k): a mean over ``k`` times the examples has
   ``k`` times less gradient variance, which allows a step sqrt(k) times longer
   (Malladi et al, `On the SDEs and Scaling Rules for Adaptive Gradient
   Algorithms <https://arxiv.org/abs/2205.10287>`_, 2022).
   """
-  if k in FRONTIER_LR:
-    return FRONTIER_LR[k] * args.lr / FRONTIER_LR[1]
+  rates = FRONTIER_LR.get(size, FRONTIER_LR['96x3'])
+  if k in rates:
+    return rates[k] * args.lr / SWEPT_LR
   return args.lr * math.sqrt(k)
 
 
-def arm_knobs(spec: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def arm_knobs(
+    spec: Mapping[str, Any], args: argparse.Namespace, size: str = '96x3'
+) -> dict[str, Any]:
   """An arm's knobs that its train program takes as arrays: the peak lr and :data:`ARRAY_KNOBS`."""
-  lr = frontier_lr(spec['k'], args) if spec['kind'] == 'fixed' else spec.get('lr', args.lr)
+  lr = frontier_lr(spec['k'], args, size) if spec['kind'] == 'fixed' else spec.get('lr', args.lr)
   return {'lr': lr, **{name: spec[name] for name in ARRAY_KNOBS.get(spec['kind'], ())}}
 
 
@@ -383,7 +392,7 @@ def run_arm(
   setup = Setup(args.microbatch, run_plan.count, args.warmup, args.weight_decay)
   model = CharTransformer(size[0], size[1], args.heads, args.context, nnx.Rngs(seed))
   graphdef, params = nnx.split(model, nnx.Param)
-  knobs = arm_knobs(spec, args)
+  knobs = arm_knobs(spec, args, _size_name(size))
   opt_state = make_optimizer(spec, knobs, setup).init(params)
   knobs = as_arrays(knobs)
   tokens_per_micro = args.microbatch * args.context
@@ -663,8 +672,8 @@ def summarize(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[di
             'verdict_line': verdict_line(verdicts, label)
             + (
                 ''
-                if size == SWEPT_SIZE
-                else f'; caveat: the frontier runs at the learning rates swept at {SWEPT_SIZE}, '
+                if size in FRONTIER_LR
+                else '; caveat: the frontier runs at the learning rates swept at 96x3, '
                 'which may not be the best at this size (docs/research.md)'
             ),
         }

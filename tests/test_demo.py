@@ -64,7 +64,7 @@ def test_quick_run_arms_share_microbatches_and_differ_in_when_they_step(quick):
   for name, k in (('control', 1), ('fixed2', 2), ('fixed4', 4)):
     summary = arms[name]['summary']
     assert summary['steps'] == count // k and summary['num_forced'] == 0
-    assert summary['peak_lr'] == pytest.approx(demo.FRONTIER_LR[k])
+    assert summary['peak_lr'] == pytest.approx(demo.FRONTIER_LR['96x3'][k])  # 32x1: not swept
   critical = arms['critical']
   assert critical['summary']['peak_lr'] == pytest.approx(4.2e-3)
   draws = critical['draws_per_step']  # the microbatches of every step add up
@@ -277,8 +277,9 @@ def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
   assert v['seed_margins'] == [pytest.approx(at0 - 1.80), pytest.approx(at1 - 1.82)]
   assert summary['verdict_line'].startswith('verdict (8x1, seeds 0,1, spread 0.040)')
   assert 'caveat: the frontier runs at the learning rates swept at 96x3' in summary['verdict_line']
-  swept = demo.summarize([{**r, 'size': '96x3'} for r in runs[:2]], ['control', 'fixed2'])
-  assert 'caveat' not in swept[0]['verdict_line']
+  for size in demo.FRONTIER_LR:
+    swept = demo.summarize([{**r, 'size': size} for r in runs[:2]], ['control', 'fixed2'])
+    assert 'caveat' not in swept[0]['verdict_line']
   assert len(demo.table(summary)) == 2 + 3
   demo.plot_study(runs, [summary, small], tmp_path / 'study.png')
   assert (tmp_path / 'study.png').stat().st_size > 0
@@ -475,9 +476,11 @@ def test_relative_threshold_in_the_signal_dominated_regime_needs_the_valve():
 def test_frontier_lr_follows_the_sweep_scaled_by_lr_and_the_sqrt_rule_beyond_it(monkeypatch):
   args = argparse.Namespace(lr=8.4e-3)  # twice the swept k = 1 peak
   assert demo.frontier_lr(1, args) == pytest.approx(8.4e-3)
-  assert demo.frontier_lr(8, args) == pytest.approx(2 * demo.FRONTIER_LR[8])
+  assert demo.frontier_lr(8, args) == pytest.approx(2 * demo.FRONTIER_LR['96x3'][8])
+  assert demo.frontier_lr(4, args, '64x2') == pytest.approx(2 * demo.FRONTIER_LR['64x2'][4])
+  assert demo.frontier_lr(4, args, '32x1') == demo.frontier_lr(4, args)  # not swept: 96x3's
   assert demo.frontier_lr(16, args) == pytest.approx(8.4e-3 * 4)  # not swept: sqrt(16)
-  monkeypatch.delitem(demo.FRONTIER_LR, 4)
+  monkeypatch.delitem(demo.FRONTIER_LR['96x3'], 4)
   assert demo.arm_knobs(demo.ARMS['fixed4'], args) == {'lr': pytest.approx(8.4e-3 * 2), 'k': 4}
   assert demo.arm_knobs(demo.ARMS['critical'], args) == {'lr': 8.4e-3}
 
