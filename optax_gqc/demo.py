@@ -85,6 +85,7 @@ FRONTIER_LR: dict[str, dict[int, float]] = {
     '64x2': {1: 4.2e-3, 2: 8.5e-3, 3: 8.5e-3, 4: 8.5e-3, 8: 1.2e-2},
 }
 SWEPT_LR = 4.2e-3  # the --lr of those sweeps: the rates scale by --lr / SWEPT_LR
+DEFAULT_SIZE = '96x3'  # the default model, whose rates serve a size not swept
 
 # Knobs passed to the train program as arrays rather than baked in as
 # constants, by kind: the fixed arms then share one compiled program.
@@ -197,7 +198,7 @@ class Setup(NamedTuple):
   weight_decay: float
 
 
-def frontier_lr(k: int, args: argparse.Namespace, size: str = '96x3') -> float:
+def frontier_lr(k: int, args: argparse.Namespace, size: str = DEFAULT_SIZE) -> float:
   """The peak learning rate of the fixed arm of ``k`` microbatches per step.
 
   :data:`FRONTIER_LR` of the model ``size`` (the default model's for a size
@@ -209,14 +210,14 @@ def frontier_lr(k: int, args: argparse.Namespace, size: str = '96x3') -> float:
   (Malladi et al, `On the SDEs and Scaling Rules for Adaptive Gradient
   Algorithms <https://arxiv.org/abs/2205.10287>`_, 2022).
   """
-  rates = FRONTIER_LR.get(size, FRONTIER_LR['96x3'])
+  rates = FRONTIER_LR.get(size, FRONTIER_LR[DEFAULT_SIZE])
   if k in rates:
     return rates[k] * args.lr / SWEPT_LR
   return args.lr * math.sqrt(k)
 
 
 def arm_knobs(
-    spec: Mapping[str, Any], args: argparse.Namespace, size: str = '96x3'
+    spec: Mapping[str, Any], args: argparse.Namespace, size: str = DEFAULT_SIZE
 ) -> dict[str, Any]:
   """An arm's knobs that its train program takes as arrays: the peak lr and :data:`ARRAY_KNOBS`."""
   lr = frontier_lr(spec['k'], args, size) if spec['kind'] == 'fixed' else spec.get('lr', args.lr)
@@ -673,7 +674,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[di
             + (
                 ''
                 if size in FRONTIER_LR
-                else '; caveat: the frontier runs at the learning rates swept at 96x3, '
+                else f'; caveat: the frontier runs at the learning rates swept at {DEFAULT_SIZE}, '
                 'which may not be the best at this size (docs/research.md)'
             ),
         }
