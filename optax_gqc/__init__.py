@@ -4,7 +4,7 @@ Adaptive gradient accumulation that steps the optimizer when the mean
 microbatch gradient is good enough, decided on device.
 """
 
-from optax_gqc import gates, sampling, schedules
+from optax_gqc import gates, sampling, schedules, study
 from optax_gqc._accumulation import (
     AccumulateState,
     AccumulationTransformation,
@@ -32,6 +32,7 @@ from optax_gqc._recipes import (
     mht_with_warmup_schedule,
     sbc_with_polynomial_schedule,
     sbc_with_polynomial_schedule_conventional_lr,
+    schedule_by_microbatch,
     scheduled_accumulation,
 )
 from optax_gqc._scale_to_norm import ScaleToNormState, scale_to_norm
@@ -72,9 +73,11 @@ __all__ = [
     'sbc_with_polynomial_schedule_conventional_lr',
     'scale_by_gsnr',
     'scale_to_norm',
+    'schedule_by_microbatch',
     'scheduled_accumulation',
     'schedules',
     'sgd_sai',
     'statistics',
+    'study',
     'update_and_apply',
 ]

@@ -1,7 +1,10 @@
 """The published GQC algorithms: the engine composed with a gate."""
 
+from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks, gates
@@ -13,56 +16,80 @@ def gnts(
     inner: optax.GradientTransformation,
     threshold: optax.ScalarOrSchedule | None = None,
     *,
+    fraction: optax.ScalarOrSchedule | None = None,
     ratio: optax.ScalarOrSchedule | None = None,
     eta: optax.ScalarOrSchedule | None = None,
     max_draws: int | None = 64,
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None | str = 'default',
     axis_name: Any = None,
 ) -> AccumulationTransformation:
-  r"""Gradient Norm Threshold Scheduling: accumulate until the mean is short.
+  r"""Gradient Norm Threshold Scheduling: accumulate until the mean is short enough.
 
   Steps ``inner`` on the mean :math:`\bar g` of the accumulated microbatch
-  gradients as soon as it is short enough (or after ``max_draws``
-  microbatches). Two modes:
+  gradients once it is short enough (or after ``max_draws`` microbatches).
+  Three modes:
 
-  - *Scale-free* (the default, no ``threshold``): short means shorter than
-    ``ratio`` times an EMA of the recent microbatch norms :math:`\|g_i\|`, a
-    unit that follows the model and the stage of training,
-    :func:`optax_gqc.gates.norm_below` with ``relative=True``; or the mean
-    passes the norm test at ``eta``, :func:`optax_gqc.gates.relative_error_below`.
-    The norm test is the valve for the signal-dominated start of training,
-    where the mean of many microbatches is hardly shorter than one and a ratio
-    below 1 alone would wait for ``max_draws``:
+  - *Noise-following* (the default): the threshold is on the noise of the
+    mean, relative to the gradient itself. With :math:`G` the true gradient
+    and :math:`B` the gradient noise scale in microbatches, the mean of
+    :math:`n` microbatches has
+    :math:`\mathbb{E}\|\bar g - G\|^2 = \|G\|^2 B / n`, so asking for
+    at most :math:`1/f` of :math:`\|G\|^2` means
 
     .. math::
 
-      \|\bar g\| \le \text{ratio} \cdot \overline{\|g_i\|}
-      \quad \lor \quad \frac{V}{n} \le \eta^2 \|\bar g\|^2 .
+      n \ge f \cdot B_\text{simple}, \qquad n \ge 2,
 
+    with :math:`B_\text{simple}` the engine's running estimate from the steps
+    *before* this accumulation, :func:`optax_gqc.gates.critical_batch` with
+    ``fraction`` :math:`f` (0.5 by default). The batch follows the noise
+    scale as it grows in training, and the decision reads no statistic of
+    the microbatches it judges, so the estimate stays unbiased. Each step is
+    scaled by :math:`\sqrt{n}`, the rule for Adam-like optimizers: a mean of
+    :math:`n` microbatches has :math:`n` times less noise. McCandlish et al.
+    put the best batch for steps and examples together near the noise
+    scale: :math:`f = 0.5` spends 1.5x the fewest examples and 3x the fewest
+    steps.
+  - *Relative* (``ratio`` given): shorter than ``ratio`` times an EMA of the
+    microbatch norms, :func:`optax_gqc.gates.norm_below` with
+    ``relative=True``, or the norm test at ``eta`` (0.8 by default),
+    :func:`optax_gqc.gates.relative_error_below`. Where the noise dominates,
+    the mean of :math:`n` microbatches has a norm about
+    :math:`\|g_i\| / \sqrt{n}`, so this is a fixed batch of about
+    :math:`1 / \text{ratio}^2` microbatches there, whatever the noise scale.
   - *Absolute* (``threshold`` given): torch-gqc's ``OptimizerWrapperGNTS``,
     :math:`\|\bar g\| \le \text{threshold}(t)`, an L2 norm that must suit the
     model's gradients: one below the norms the model sees starves the gate,
     and every step is then forced (``statistics(state)['num_forced']``).
-    ``eta``, if given, adds the valve.
+    ``eta``, if given, adds the norm test as a valve.
 
-  See :func:`optax_gqc.accumulate` for the mechanics and
-  :func:`optax_gqc.gnts_with_cosine_schedule` for torch-gqc's recipe.
+  See :func:`optax_gqc.accumulate` for the mechanics, and the section
+  *Schedules in tokens* of the docs for a learning rate that follows the
+  microbatches seen rather than the optimizer steps.
 
   Args:
     inner: the optimizer that steps on the mean gradient.
-    threshold: None for the scale-free gate; else the absolute L2 norm of the
-      mean gradient, constant or a schedule of the microbatch count.
-    ratio: the scale-free threshold as a multiple of the EMA of microbatch
-      norms, constant or a schedule; 0.5 by default. Only without
-      ``threshold``.
-    eta: the valve's allowed relative error of the mean; 0.8 by default
-      without ``threshold``, no valve with one.
+    threshold: None for the noise-following or relative gate; else the
+      absolute L2 norm of the mean gradient, constant or a schedule of the
+      microbatch count.
+    fraction: the noise-following batch as a multiple of the noise scale,
+      constant or a schedule; 0.5 by default.
+    ratio: the relative threshold as a multiple of the EMA of microbatch
+      norms, constant or a schedule; selects the relative mode.
+    eta: the norm test's allowed relative error of the mean; 0.8 by default
+      in the relative mode, no valve in the absolute mode.
     max_draws: the most microbatches accumulated before a step is forced.
-    microbatch_size: examples per microbatch (optional, for statistics).
+    microbatch_size: examples per microbatch (optional, for statistics: the
+      noise scale and ``target_batch_size`` are then in examples).
     accumulator_dtype: dtype of the accumulator; None means float32.
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
+    scale_by_draws: a function of :math:`n` that multiplies the inner update
+      of a step that averaged :math:`n` microbatches (see
+      :func:`optax_gqc.accumulate`); by default ``jnp.sqrt`` in the
+      noise-following mode and None (no scaling, as torch-gqc) in the others.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded (FSDP), so that the norms, and the decision,
       are global; see :func:`optax_gqc.accumulate`.
@@ -72,36 +99,60 @@ def gnts(
     microbatch.
 
   Raises:
-    ValueError: if both ``threshold`` and ``ratio`` are given.
+    ValueError: if more than one of ``threshold``, ``ratio`` and ``fraction``
+      is given, or ``eta`` with ``fraction``.
 
   Example:
     >>> import jax, jax.numpy as jnp, optax, optax_gqc
-    >>> tx = optax_gqc.gnts(optax.adamw(1e-3))  # scale-free
+    >>> tx = optax_gqc.gnts(optax.adamw(1e-3))  # noise-following
     >>> params = {'w': jnp.ones(4)}
     >>> state = tx.init(params)
     >>> update = jax.jit(tx.update)
-    >>> for g in (1.0, -0.8, 0.9):  # the mean of the first two is short: a step
+    >>> for g in (1.0, -0.8, 0.9):  # two microbatches per step until B is known
     ...   updates, state = update({'w': jnp.full(4, g)}, state, params)
     ...   print(int(state.num_draws), int(state.num_steps))
     1 0
     0 1
     1 1
+    >>> relative = optax_gqc.gnts(optax.adamw(1e-3), ratio=0.5)
     >>> parity = optax_gqc.gnts(optax.adamw(1e-3), threshold=0.5)  # torch-gqc's rule
 
   References:
     torch-gqc, `Gradient Quality Control <https://pypi.org/project/torch-gqc/>`_;
+    McCandlish et al, `An Empirical Model of Large-Batch Training
+    <https://arxiv.org/abs/1812.06162>`_, 2018;
     Byrd et al, `Sample size selection in optimization methods for machine
     learning <https://doi.org/10.1007/s10107-012-0572-5>`_, 2012
   """
-  if threshold is None:
-    gate = gates.any_of(
-        gates.norm_below(0.5 if ratio is None else ratio, relative=True),
-        gates.relative_error_below(0.8 if eta is None else eta),
-    )
-  elif ratio is not None:
+  modes = [
+      name
+      for name, v in (('threshold', threshold), ('ratio', ratio), ('fraction', fraction))
+      if v is not None
+  ]
+  if len(modes) > 1:
     raise ValueError(
-        "gnts: give either threshold (an absolute norm, torch-gqc's rule) or ratio (the "
-        'scale-free threshold, relative to the microbatch norms), not both'
+        f"gnts: give at most one of threshold (an absolute norm, torch-gqc's rule), ratio "
+        f'(relative to the microbatch norms) and fraction (of the noise scale); got {modes}'
+    )
+  if eta is not None and threshold is None and ratio is None:
+    raise ValueError(
+        'gnts: eta is the norm test of the relative or absolute mode: pass ratio=... or '
+        'threshold=... with it'
+    )
+  if isinstance(scale_by_draws, str) and scale_by_draws != 'default':
+    raise ValueError(f'scale_by_draws must be a function of n or None, got {scale_by_draws!r}')
+  noise_following = threshold is None and ratio is None
+  if scale_by_draws == 'default':
+    scale_by_draws = jnp.sqrt if noise_following else None
+  if noise_following:
+    size = 1 if microbatch_size is None else microbatch_size
+    gate = gates.critical_batch(
+        0.5 if fraction is None else fraction, size, min_batch_size=2 * size
+    )
+  elif threshold is None:
+    gate = gates.any_of(
+        gates.norm_below(ratio, relative=True),
+        gates.relative_error_below(0.8 if eta is None else eta),
     )
   elif eta is None:
     gate = gates.norm_below(threshold)
@@ -114,6 +165,7 @@ def gnts(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
 
@@ -126,6 +178,7 @@ def sbc(
     max_draws: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
 ) -> AccumulationTransformation:
   r"""Scheduled Batch Control: step once ``logical_batch_size`` examples are in.
@@ -166,6 +219,7 @@ def sbc(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
   _checks.check_draws_reach_batch(logical_batch_size, microbatch_size, max_draws)
@@ -180,6 +234,7 @@ def noise_ratio_accumulation(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
 ) -> AccumulationTransformation:
   """Accumulates until the microbatch norms vary little (torch-gqc's GNS wrapper).
@@ -203,6 +258,7 @@ def noise_ratio_accumulation(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
 
@@ -221,6 +277,7 @@ def mht(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
 ) -> AccumulationTransformation:
   """Accumulates until a t-interval on the loss is tight (torch-gqc's MHT wrapper).
@@ -246,6 +303,7 @@ def mht(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
 
@@ -258,6 +316,7 @@ def norm_test_accumulation(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
 ) -> AccumulationTransformation:
   """Accumulates until the mean gradient passes the norm test (Byrd et al., AdAdaGrad).
@@ -278,6 +337,7 @@ def norm_test_accumulation(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
 

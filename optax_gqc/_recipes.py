@@ -69,6 +69,74 @@ def _check_optimizer(optimizer: Any, names: Any) -> None:
       )
 
 
+def schedule_by_microbatch(
+    tx: AccumulationTransformation, **schedules: optax.Schedule
+) -> AccumulationTransformation:
+  """Sets the inner optimizer's hyperparameters from schedules of the *microbatch* count.
+
+  Inside an accumulation the inner optimizer runs once per step, so its own
+  schedules advance with the optimizer steps, whose pace the gate decides.
+  To step at the learning rate of the tokens seen instead, build the inner
+  optimizer with ``optax.inject_hyperparams`` and wrap the accumulation:
+  before every update, ``schedules[name](t)`` is written into the inner
+  state's hyperparameter ``name``, with ``t`` the engine's ``num_batches``
+  (the microbatches accepted before this one). Only scalars change, outside
+  the engine's ``lax.cond``: it costs nothing per parameter. The same as
+  setting them by hand before each update,
+  ``state = optax.tree.set(state, learning_rate=schedule(optax.tree.get(state,
+  'num_batches')))``.
+
+  Args:
+    tx: an accumulation (:func:`optax_gqc.gnts`, :func:`optax_gqc.sbc`,
+      :func:`optax_gqc.accumulate`, ...) whose inner optimizer injects
+      every hyperparameter named in ``schedules``.
+    **schedules: schedules of the microbatch count, by hyperparameter name.
+
+  Returns:
+    The accumulation with its hyperparameters scheduled.
+
+  Example:
+    >>> import optax, optax_gqc
+    >>> schedule = optax.cosine_decay_schedule(3e-3, 10_000)  # of microbatches
+    >>> inner = optax.inject_hyperparams(optax.adamw)(learning_rate=3e-3)
+    >>> tx = optax_gqc.schedule_by_microbatch(optax_gqc.gnts(inner), learning_rate=schedule)
+  """
+  update_and_apply = getattr(tx, 'update_and_apply', None)
+  if update_and_apply is None:
+    raise TypeError(
+        'schedule_by_microbatch takes an accumulation (gnts, sbc, accumulate, ...), got '
+        f'{type(tx).__name__}'
+    )
+  for name, schedule in schedules.items():
+    if not callable(schedule):
+      raise TypeError(
+          f'{name} must be a schedule (a function of the microbatch count), got {schedule!r}'
+      )
+    _checks.check_schedule(name, schedule)
+
+  def scheduled(state):
+    _check_state(state)
+    values = {}
+    for name, schedule in schedules.items():
+      found = optax.tree.get_all_with_path(state.inner_state, name)
+      if not found:
+        raise ValueError(
+            f'schedule_by_microbatch: the inner optimizer has no injected hyperparameter '
+            f'{name!r}: build it with optax.inject_hyperparams, e.g. '
+            f'optax.inject_hyperparams(optax.adamw)({name}=...)'
+        )
+      values[name] = jnp.asarray(schedule(state.num_batches), found[0][1].dtype)
+    return state._replace(inner_state=optax.tree.set(state.inner_state, **values))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    return tx.update(updates, scheduled(state), params, **extra_args)
+
+  def update_and_apply_fn(updates, state, params, **extra_args):
+    return update_and_apply(updates, scheduled(state), params, **extra_args)
+
+  return AccumulationTransformation(tx.init, update_fn, update_and_apply_fn)
+
+
 def scheduled_accumulation(
     optimizer: Callable[..., optax.GradientTransformation],
     gate: gates.Gate,
@@ -79,6 +147,7 @@ def scheduled_accumulation(
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
+    noise_decay: float = 0.99,
     axis_name: Any = None,
     hyperparam_dtype: Any = jnp.float32,
     **optimizer_kwargs: Any,
@@ -106,6 +175,8 @@ def scheduled_accumulation(
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
     scale_by_draws: multiplies the inner updates by a function of the draws
       averaged; see :func:`optax_gqc.accumulate`.
+    noise_decay: EMA decay of the noise-scale estimates; see
+      :func:`optax_gqc.accumulate`.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
     hyperparam_dtype: dtype of the injected hyperparameters, float32 by
@@ -149,23 +220,11 @@ def scheduled_accumulation(
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
       scale_by_draws=scale_by_draws,
+      noise_decay=noise_decay,
       axis_name=axis_name,
   )
 
-  def scheduled(state):
-    _check_state(state)
-    hyper = dict(state.inner_state.hyperparams)
-    for k, schedule in hyperparams.items():
-      hyper[k] = jnp.asarray(schedule(state.num_batches), hyper[k].dtype)
-    return state._replace(inner_state=state.inner_state._replace(hyperparams=hyper))
-
-  def update_fn(updates, state, params=None, **extra_args):
-    return tx.update(updates, scheduled(state), params, **extra_args)
-
-  def update_and_apply_fn(updates, state, params, **extra_args):
-    return tx.update_and_apply(updates, scheduled(state), params, **extra_args)
-
-  return AccumulationTransformation(tx.init, update_fn, update_and_apply_fn)
+  return schedule_by_microbatch(tx, **hyperparams)
 
 
 # The accumulation's arguments, which a recipe forwards as they are.

@@ -1,5 +1,9 @@
-"""The ready-made accumulations: gnts's scale-free default against torch-gqc's absolute rule."""
+"""The ready-made accumulations: gnts's noise-following default, its relative mode, and
+torch-gqc's absolute rule."""
 
+import functools
+
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -52,9 +56,102 @@ def test_default_gnts_trains_where_an_absolute_threshold_starves():
   assert starved > 2 * end
 
 
-def test_gnts_takes_a_threshold_or_a_ratio_not_both():
-  with pytest.raises(ValueError, match='threshold.*ratio'):
-    optax_gqc.gnts(optax.sgd(0.1), 0.5, ratio=0.5)
+@pytest.mark.parametrize(
+    'kwargs',
+    [
+        {'threshold': 0.5, 'ratio': 0.5},
+        {'threshold': 0.5, 'fraction': 0.5},
+        {'ratio': 0.5, 'fraction': 0.5},
+    ],
+)
+def test_gnts_takes_one_of_threshold_ratio_and_fraction(kwargs):
+  with pytest.raises(ValueError, match='at most one of threshold'):
+    optax_gqc.gnts(optax.sgd(0.1), **kwargs)
+
+
+def test_gnts_eta_needs_the_relative_or_absolute_mode():
+  with pytest.raises(ValueError, match='eta is the norm test'):
+    optax_gqc.gnts(optax.sgd(0.1), eta=0.5)
+  with pytest.raises(ValueError, match='scale_by_draws must be'):
+    optax_gqc.gnts(optax.sgd(0.1), scale_by_draws='sqrt')
+
+
+def _noisy_stream(noise_scales, num, d=512, seed=0):
+  """Microbatch gradients G + noise with |G|^2 = 1 and tr(Sigma) = B, B per phase."""
+  direction = jnp.ones(d) / jnp.sqrt(d)
+  keys = jax.random.split(jax.random.key(seed), len(noise_scales))
+  phases = [
+      direction + jnp.sqrt(b / d) * jax.random.normal(k, (num, d))
+      for b, k in zip(noise_scales, keys, strict=True)
+  ]
+  return {'w': jnp.concatenate(phases)}
+
+
+def _draws_per_step(tx, grads):
+  """Runs ``tx`` over the stream: the microbatches averaged at each step, in order."""
+  params = {'w': jnp.zeros(grads['w'].shape[1])}
+
+  def body(state, g):
+    _, state = tx.update(g, state, params)
+    return state, (state.num_draws == 0, state.last_num_draws)
+
+  _, (stepped, draws) = jax.jit(lambda s: jax.lax.scan(body, s, grads))(tx.init(params))
+  return draws[stepped]
+
+
+def test_default_gnts_batch_follows_the_noise_scale():
+  # The noise scale is 4 microbatches, then 60: the default steps on about
+  # max(2, B / 2) microbatches in each phase.
+  draws = _draws_per_step(optax_gqc.gnts(optax.sgd(0.1)), _noisy_stream((4.0, 60.0), 3000))
+  first = draws[: len(draws) // 2]
+  quiet = float(jnp.mean(first[10:100]))
+  noisy = float(jnp.mean(draws[-20:]))
+  assert 2.0 <= quiet <= 3.5
+  assert 20.0 <= noisy <= 45.0
+  # The relative mode is a fixed batch of about 1 / ratio^2 = 4 where noise dominates.
+  relative = _draws_per_step(
+      optax_gqc.gnts(optax.sgd(0.1), ratio=0.5), _noisy_stream((4.0, 60.0), 3000)
+  )
+  assert 3.0 <= float(jnp.mean(relative[-20:])) <= 7.0
+
+
+@pytest.mark.parametrize(
+    'make, scale',
+    [
+        (lambda inner: optax_gqc.gnts(inner), jnp.sqrt(2.0)),  # the default: sqrt(n)
+        (lambda inner: optax_gqc.gnts(inner, scale_by_draws=None), 1.0),
+        (lambda inner: optax_gqc.gnts(inner, threshold=0.0, max_draws=2), 1.0),  # parity
+        (lambda inner: optax_gqc.gnts(inner, ratio=0.0, max_draws=2), 1.0),
+        (lambda inner: optax_gqc.sbc(inner, 2, 1, scale_by_draws=lambda n: n), 2.0),
+        (
+            lambda inner: optax_gqc.noise_ratio_accumulation(
+                inner, 0.0, max_draws=2, scale_by_draws=jnp.sqrt
+            ),
+            jnp.sqrt(2.0),
+        ),
+        (
+            lambda inner: optax_gqc.norm_test_accumulation(
+                inner, 0.0, max_draws=2, scale_by_draws=jnp.sqrt
+            ),
+            jnp.sqrt(2.0),
+        ),
+        (
+            lambda inner: optax_gqc.mht(inner, 0.9, 0.0, max_draws=2, scale_by_draws=jnp.sqrt),
+            jnp.sqrt(2.0),
+        ),
+    ],
+)
+def test_the_step_follows_the_batch(make, scale):
+  # Two microbatches per step (the default's bootstrap, or forced): sgd(1)'s
+  # update is the mean gradient times the scale.
+  tx = make(optax.sgd(1.0))
+  params = {'w': jnp.zeros(3)}
+  state = tx.init(params)
+  update = jax.jit(functools.partial(tx.update, value=jnp.float32(1.0)))
+  _, state = update({'w': jnp.full(3, 1.0)}, state, params)
+  updates, state = update({'w': jnp.full(3, 3.0)}, state, params)
+  assert int(state.num_steps) == 1
+  chex.assert_trees_all_close(updates, {'w': jnp.full(3, -2.0 * scale)}, rtol=1e-6)
 
 
 def test_gnts_absolute_threshold_with_a_valve_steps_on_the_norm_test():

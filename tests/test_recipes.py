@@ -219,3 +219,75 @@ def test_recipes_train_bf16_params_without_nan(name):
   assert hyper['b2'].dtype == jnp.float32 and float(hyper['b2']) == pytest.approx(0.999)
   assert params['w'].dtype == jnp.bfloat16
   assert np.any(np.asarray(params['w'] != start['w']))  # it trained
+
+
+def _run_params(tx, grads, before=None):
+  """Parameters after each microbatch of the fused path; ``before`` edits the state first."""
+  params, state = {'w': jnp.zeros(6)}, tx.init({'w': jnp.zeros(6)})
+
+  @jax.jit
+  def step(params, state, g):
+    if before is not None:
+      state = before(state)
+    return optax_gqc.update_and_apply(tx, g, state, params)
+
+  out = []
+  for g in grads:
+    params, state = step(params, state, g)
+    out.append(params['w'])
+  return np.stack(out), state
+
+
+def test_schedules_in_tokens_run_through_gnts_as_scheduled_accumulation_does():
+  # The documented recipe: gnts around an injected adamw, its learning rate
+  # a schedule of microbatches, equals scheduled_accumulation with gnts's gate.
+  schedule = optax.warmup_cosine_decay_schedule(0.0, 0.1, 5, 80)
+  grads = [{'w': 3.0 * g['w'] + 1.0} for g in sgd_grads(80, seed=3)]  # B ~ 9 microbatches
+  reference = optax_gqc.scheduled_accumulation(
+      optax.adamw,
+      optax_gqc.gates.critical_batch(0.5, 1, min_batch_size=2),
+      {'learning_rate': schedule},
+      scale_by_draws=jnp.sqrt,
+  )
+  inner = optax.inject_hyperparams(optax.adamw)(learning_rate=schedule(0))
+  recipe = optax_gqc.schedule_by_microbatch(optax_gqc.gnts(inner), learning_rate=schedule)
+  by_hand = optax_gqc.gnts(inner)  # the same, written out before each update
+
+  def set_lr(state):
+    return optax.tree.set(
+        state, learning_rate=schedule(optax.tree.get(state, 'num_batches')).astype(jnp.float32)
+    )
+
+  want, want_state = _run_params(reference, grads)
+  for tx, before in ((recipe, None), (by_hand, set_lr)):
+    got, state = _run_params(tx, grads, before)
+    np.testing.assert_array_equal(got, want)
+    assert int(state.num_steps) == int(want_state.num_steps) < 40  # it accumulated
+  # The learning rate of the last step is the schedule's at its microbatch.
+  assert float(optax.tree.get(state, 'learning_rate')) == pytest.approx(float(schedule(79)))
+
+
+def test_a_fixed_batch_schedule_in_tokens_is_a_schedule_of_steps():
+  # With k microbatches per step, step j runs at microbatch k (j + 1) - 1: a
+  # schedule of microbatches is the schedule of steps j -> s(k (j + 1) - 1).
+  k, schedule = 4, optax.cosine_decay_schedule(0.1, 64)
+  grads = sgd_grads(64, seed=4)
+  inner = optax.inject_hyperparams(optax.adamw)(learning_rate=schedule(0))
+  tokens = optax_gqc.schedule_by_microbatch(optax_gqc.sbc(inner, k, 1), learning_rate=schedule)
+  steps = optax_gqc.sbc(optax.adamw(lambda j: schedule(k * (j + 1) - 1)), k, 1)
+  got, _ = _run_params(tokens, grads)
+  want, _ = _run_params(steps, grads)
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)  # float32 rounding of the rate
+
+
+def test_schedule_by_microbatch_needs_an_injected_hyperparameter():
+  with pytest.raises(TypeError, match='takes an accumulation'):
+    optax_gqc.schedule_by_microbatch(optax.adamw(0.1), learning_rate=lambda t: 0.1)
+  with pytest.raises(TypeError, match='must be a schedule'):
+    optax_gqc.schedule_by_microbatch(optax_gqc.gnts(optax.adamw(0.1)), learning_rate=0.1)
+  tx = optax_gqc.schedule_by_microbatch(
+      optax_gqc.gnts(optax.adamw(0.1)), learning_rate=lambda t: 0.1
+  )
+  params = {'w': jnp.zeros(2)}
+  with pytest.raises(ValueError, match='inject_hyperparams'):
+    tx.update(params, tx.init(params), params)

@@ -1,0 +1,249 @@
+"""The task suite: adaptive accumulation against each seed's own fixed-batch frontier.
+
+Runs :func:`optax_gqc.study.frontier_study` on tasks in different regimes:
+
+- ``lm``: the demo's task, a byte-level transformer on the standard library's
+  sources, microbatches of 8 sequences, a sizeable fraction of the noise scale;
+- ``lm-small``: the same model family on a different corpus (the interpreter's
+  own documentation, ``pydoc_data``), microbatches of 2 sequences, far below
+  the noise scale for most of training;
+- ``teacher``: not a language model: a student MLP regresses a random teacher
+  MLP's outputs plus label noise, microbatches of 4 examples;
+- ``digits``: an MLP classifier on scikit-learn's handwritten digits,
+  microbatches of 4 images (needs scikit-learn).
+
+Every arm sees the same microbatches at the same tokens; the frontier is k in
+``--ks`` at its best learning rate from the task's grid on each seed; adaptive
+arms run at the control's best rate. Prints one table per task, writes
+``<task>.json`` into ``--out``, and exits non-zero if the default adaptive
+arm misses a target of docs/study.md (``--check``).
+
+  python benchmarks/suite.py --tasks teacher,digits,lm,lm-small --out docs/study
+"""
+
+import argparse
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import optax_gqc
+from optax_gqc import gates, study
+
+
+class Task(NamedTuple):
+  loss_fn: Any
+  params: Any  # seed -> params
+  microbatches: Any  # seed -> stacked microbatches
+  eval_batches: Any
+  learning_rates: tuple[float, ...]
+  note: str
+
+
+# Tasks.
+
+
+def _mlp_init(key, sizes, scale=1.0):
+  params = []
+  for k, (a, b) in zip(
+      jax.random.split(key, len(sizes) - 1), zip(sizes[:-1], sizes[1:], strict=True), strict=True
+  ):
+    params.append({'w': jax.random.normal(k, (a, b)) * scale / np.sqrt(a), 'b': jnp.zeros(b)})
+  return params
+
+
+def _mlp(params, x):
+  for layer in params[:-1]:
+    x = jnp.tanh(x @ layer['w'] + layer['b'])
+  return x @ params[-1]['w'] + params[-1]['b']
+
+
+def teacher_task(microbatches: int, size: int = 4) -> Task:
+  dim, noise = 16, 0.5
+  teacher = _mlp_init(jax.random.key(1234), (dim, 32, 1), scale=2.0)
+
+  def batch(key, shape):
+    kx, kn = jax.random.split(key)
+    x = jax.random.normal(kx, (*shape, dim))
+    return x, _mlp(teacher, x)[..., 0] + noise * jax.random.normal(kn, shape)
+
+  def loss_fn(params, b):
+    x, y = b
+    return jnp.mean(jnp.square(_mlp(params, x)[..., 0] - y))
+
+  return Task(
+      loss_fn,
+      lambda seed: _mlp_init(jax.random.key(seed), (dim, 64, 64, 1)),
+      lambda seed: batch(jax.random.key(10_000 + seed), (microbatches, size)),
+      batch(jax.random.key(99), (8, 256)),
+      (4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2),
+      f'student MLP 16-64-64-1 regresses a teacher 16-32-1 plus noise 0.5, {size} examples '
+      'per microbatch, mean squared error',
+  )
+
+
+def digits_task(microbatches: int, size: int = 4) -> Task:
+  from sklearn.datasets import load_digits  # noqa: PLC0415
+
+  x, y = load_digits(return_X_y=True)
+  x = (x / 16.0).astype(np.float32)
+  y = y.astype(np.int32)
+  perm = np.random.default_rng(0).permutation(len(x))
+  x, y = x[perm], y[perm]
+  x_val, y_val, x_train, y_train = x[:400], y[:400], x[400:], y[400:]
+
+  def loss_fn(params, b):
+    xb, yb = b
+    return optax.softmax_cross_entropy_with_integer_labels(_mlp(params, xb), yb).mean()
+
+  def data(seed):
+    idx = np.random.default_rng(seed).integers(0, len(x_train), (microbatches, size))
+    return jnp.asarray(x_train[idx]), jnp.asarray(y_train[idx])
+
+  return Task(
+      loss_fn,
+      lambda seed: _mlp_init(jax.random.key(seed), (64, 64, 10)),
+      data,
+      (jnp.asarray(x_val.reshape(4, 100, 64)), jnp.asarray(y_val.reshape(4, 100))),
+      (8e-3, 1.6e-2, 3.2e-2, 6.4e-2, 1.28e-1),
+      f'MLP 64-64-10 on scikit-learn digits (1397 train, 400 validation), {size} images '
+      'per microbatch, cross entropy',
+  )
+
+
+def _pydoc_corpus(max_bytes: int) -> bytes:
+  from pydoc_data import topics  # noqa: PLC0415
+
+  text = '\n'.join(topics.topics[k] for k in sorted(topics.topics))
+  return text.encode()[:max_bytes]
+
+
+def lm_task(
+    microbatches: int, size: int, corpus: str, dim: int, layers: int, context: int, learning_rates
+) -> Task:
+  from flax import nnx  # noqa: PLC0415
+
+  from optax_gqc import demo  # noqa: PLC0415
+
+  if corpus == 'stdlib':
+    text, _ = demo.stdlib_corpus(2_000_000)
+  else:
+    text = _pydoc_corpus(2_000_000)
+  tokens = np.frombuffer(text, np.uint8)
+  split = int(0.9 * len(tokens))
+  train, val = tokens[:split], tokens[split:]
+  heads = 4
+  graphdef = nnx.split(demo.CharTransformer(dim, layers, heads, context, nnx.Rngs(0)), nnx.Param)[0]
+
+  def params(seed):
+    return nnx.split(demo.CharTransformer(dim, layers, heads, context, nnx.Rngs(seed)), nnx.Param)[
+        1
+    ]
+
+  def loss_fn(p, batch):
+    return demo.param_loss(p, graphdef, batch)
+
+  return Task(
+      loss_fn,
+      params,
+      lambda seed: jnp.asarray(
+          demo.sample_batches(train, microbatches, size, context, 10_000 + seed), jnp.int32
+      ),
+      jnp.asarray(demo.sample_batches(val, 8, 32, context, 12345), jnp.int32),
+      learning_rates,
+      f'byte transformer {dim}x{layers} (context {context}) on {corpus}, {size} sequences per '
+      'microbatch, cross entropy in nats',
+  )
+
+
+TASKS = {
+    'teacher': lambda: teacher_task(2000),
+    'digits': lambda: digits_task(2000),
+    'lm': lambda: lm_task(1600, 8, 'stdlib', 32, 2, 32, (4e-3, 8e-3, 1.6e-2, 3.2e-2)),
+    'lm-small': lambda: lm_task(3200, 2, 'pydoc', 32, 2, 32, (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2)),
+}
+
+
+# The arms.
+
+
+def arms() -> dict[str, study.Arm]:
+  """The adaptive arms: each a function of the inner optimizer, as a user writes it."""
+  g = gates
+  sqrt = jnp.sqrt
+  return {
+      # The default: gnts(inner), noise-following, steps scaled by sqrt(n).
+      'gnts': optax_gqc.gnts,
+      # The scale-free default of 0.1.0: a fixed batch of ~1/ratio^2 where noise dominates.
+      'relative': functools.partial(optax_gqc.gnts, ratio=0.5),
+      'relative-sqrt': functools.partial(optax_gqc.gnts, ratio=0.5, scale_by_draws=sqrt),
+      # Variants of the default, for the record of how it was chosen.
+      'critical-min1': lambda inner: optax_gqc.accumulate(
+          inner, g.critical_batch(0.5, 1), max_draws=64, scale_by_draws=sqrt
+      ),
+      'gnts-f0.25': functools.partial(optax_gqc.gnts, fraction=0.25),
+      'gnts-f1': functools.partial(optax_gqc.gnts, fraction=1.0),
+      'gnts-unscaled': functools.partial(optax_gqc.gnts, scale_by_draws=None),
+      'normtest-sqrt': lambda inner: optax_gqc.norm_test_accumulation(
+          inner, 0.8, scale_by_draws=sqrt
+      ),
+  }
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--tasks', default='teacher,digits,lm,lm-small')
+  parser.add_argument('--seeds', default='0,1,2')
+  parser.add_argument('--ks', default='1,2,4,8,16,32')
+  parser.add_argument('--arms', default=None, help='comma-separated subset of the arms')
+  parser.add_argument('--evals', type=int, default=4)
+  parser.add_argument('--out', default=None, help='folder for <task>.json')
+  args = parser.parse_args(argv)
+  seeds = tuple(int(s) for s in args.seeds.split(','))
+  ks = tuple(int(k) for k in args.ks.split(','))
+  all_arms = arms()
+  chosen = all_arms if args.arms is None else {a: all_arms[a] for a in args.arms.split(',')}
+  for name in args.tasks.split(','):
+    task = TASKS[name]()
+    start = time.perf_counter()
+
+    def progress(arm, seed, rec, name=name, start=start):
+      what = '' if arm == 'frontier' else f" margin {rec['margin']}"
+      print(f'[{time.perf_counter() - start:6.0f} s] {name} seed {seed} {arm}{what}', flush=True)
+
+    result = study.frontier_study(
+        task.loss_fn,
+        task.params,
+        task.microbatches,
+        eval_batches=task.eval_batches,
+        arms=chosen,
+        learning_rates=task.learning_rates,
+        ks=ks,
+        seeds=seeds,
+        optimizer=optax.adamw,
+        optimizer_kwargs={'weight_decay': 0.01},
+        evals=args.evals,
+        on_result=progress,
+    )
+    result['task'] = name
+    result['note'] = task.note
+    result['seconds'] = time.perf_counter() - start
+    result['command'] = 'python benchmarks/suite.py ' + ' '.join(
+        sys.argv[1:] if argv is None else argv
+    )
+    print('\n'.join(study.table(result, f'{name}: {task.note}')), flush=True)
+    if args.out:
+      Path(args.out).mkdir(parents=True, exist_ok=True)
+      Path(args.out, f'{name}.json').write_text(json.dumps(result, indent=1, default=str))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,393 @@
+"""Does adaptive accumulation pay on *your* model? The frontier study.
+
+Accumulating saves optimizer steps, not tokens: at a fixed token budget a
+bigger batch costs loss, and the question for a gate is whether it buys more
+loss per step saved than a fixed batch does. :func:`frontier_study` answers it
+on a user's loss function, initial parameters and microbatches:
+
+1. every arm trains on the same microbatches, in the same order, for the same
+   tokens, with the learning rate a schedule of *microbatches* (tokens) for
+   all arms (a warmup, then a cosine to a fraction of the peak), so that arms
+   differ only in when they step;
+2. the *frontier*: fixed batches of ``k`` microbatches per step, each ``k`` at
+   its best peak learning rate from ``learning_rates``, chosen on each seed;
+3. each adaptive arm at the control's (``k = 1``) best rate of the same seed:
+   the rate a user who tuned the baseline already has;
+4. an arm's *margin* on a seed is the frontier's validation loss at the arm's
+   number of optimizer steps (linear in log steps between frontier points)
+   minus the arm's loss: positive is below the frontier, better than a fixed
+   batch with as many steps. Over seeds: the mean and a paired 95% t-interval.
+
+Each arm compiles once: the peak learning rate and ``k`` are arguments of a
+program that trains every rate of the grid side by side (``jax.vmap``), the
+run in one ``lax.scan``. Meant for small models, or a small proxy of a big one.
+
+Example:
+  >>> import jax, jax.numpy as jnp, optax, optax_gqc
+  >>> from optax_gqc import study
+  >>> def loss_fn(w, batch):
+  ...   x, y = batch
+  ...   return jnp.mean((x @ w - y) ** 2)
+  >>> def data(seed, count=64, size=4):
+  ...   kx, kn = jax.random.split(jax.random.key(seed))
+  ...   x = jax.random.normal(kx, (count, size, 3))
+  ...   return x, x @ jnp.ones(3) + 0.5 * jax.random.normal(kn, (count, size))
+  >>> result = study.frontier_study(
+  ...     loss_fn, jnp.zeros(3), data, eval_batches=data(99, 4, 64),
+  ...     arms={'gnts': optax_gqc.gnts},
+  ...     learning_rates=(0.03, 0.1), ks=(1, 2, 4), seeds=(0, 1), evals=2)
+  >>> sorted(result['arms'])
+  ['gnts']
+  >>> len(result['arms']['gnts']['margins'])  # one per seed
+  2
+"""
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from optax_gqc import _checks, gates
+from optax_gqc._accumulation import accumulate, statistics, update_and_apply
+from optax_gqc._recipes import schedule_by_microbatch
+from optax_gqc._student_t import t_quantile
+
+__all__ = [
+    'frontier_loss_at',
+    'frontier_study',
+    'lr_schedule',
+    'fixed_batch',
+    'paired_interval',
+    'table',
+]
+
+# An arm: the inner optimizer -> the accumulation around it, e.g. optax_gqc.gnts.
+Arm = Callable[[optax.GradientTransformation], Any]
+
+
+def lr_schedule(peak: Any, count: int, warmup: float = 0.05, final: float = 0.1) -> optax.Schedule:
+  """Linear warmup over ``warmup`` of ``count`` microbatches, then a cosine to ``final * peak``.
+
+  A schedule of the microbatch count (tokens), the same for every arm.
+  ``peak`` may be traced.
+  """
+  shape = optax.warmup_cosine_decay_schedule(
+      0.0, 1.0, max(int(warmup * count), 1), max(count, 2), end_value=final
+  )
+  return lambda t: peak * shape(t)
+
+
+def fixed_batch(k: Any) -> Arm:
+  """The frontier's arm: a step on the mean of every ``k`` microbatches (``k`` may be traced)."""
+  return lambda inner: accumulate(
+      inner, gates.from_function(lambda s: s.num_draws >= k), max_draws=None
+  )
+
+
+def _train_program(loss_fn, make_tx, count: int, evals: int):
+  """``(params, batches, eval_batches, peak, k) -> (val losses, steps, forced, noise)``."""
+  chunk = count // evals
+
+  def eval_loss(params, eval_batches):
+    return jnp.mean(jax.lax.map(lambda b: loss_fn(params, b), eval_batches))
+
+  def train(params, batches, eval_batches, peak, k):
+    tx = make_tx(peak, k)
+    state = tx.init(params)
+
+    def microbatch(carry, batch):
+      params, state = carry
+      grads = jax.grad(loss_fn)(params, batch)
+      return update_and_apply(tx, grads, state, params), None
+
+    def block(carry, block_batches):
+      carry, _ = jax.lax.scan(microbatch, carry, block_batches)
+      params, state = carry
+      return carry, (eval_loss(params, eval_batches), statistics(state)['num_steps'])
+
+    blocks = jax.tree.map(lambda x: x[: chunk * evals].reshape(evals, chunk, *x.shape[1:]), batches)
+    (params, state), (losses, steps) = jax.lax.scan(block, (params, state), blocks)
+    stats = statistics(state)
+    return losses, steps, stats['num_forced'], stats['noise_scale']
+
+  return jax.jit(jax.vmap(train, in_axes=(None, None, None, 0, 0)))
+
+
+def frontier_loss_at(frontier: Sequence[tuple[float, float]], steps: float) -> float | None:
+  """The frontier's loss at ``steps``: linear in log(steps) between its neighbours.
+
+  Args:
+    frontier: ``(steps, loss)`` points, in any order.
+    steps: where to read it.
+
+  Returns:
+    The interpolated loss; None outside the frontier's range of steps (no
+    extrapolation) or with fewer than two points.
+  """
+  points = sorted(frontier)
+  if len(points) < 2 or not points[0][0] <= steps <= points[-1][0]:
+    return None
+  for (s0, l0), (s1, l1) in zip(points, points[1:], strict=False):
+    if s0 <= steps <= s1:
+      if s1 == s0:
+        return min(l0, l1)
+      w = (math.log(steps) - math.log(s0)) / (math.log(s1) - math.log(s0))
+      return l0 + w * (l1 - l0)
+  return None  # unreachable
+
+
+def paired_interval(values: Sequence[float | None], confidence: float = 0.95) -> dict[str, Any]:
+  """The mean of per-seed values and its two-sided t-interval.
+
+  Args:
+    values: one value per seed (a margin, paired with its seed's own
+      frontier); None entries (outside the frontier) are left out.
+    confidence: of the interval.
+
+  Returns:
+    ``mean``, ``low``, ``high`` (None with fewer than two values), ``min``
+    and ``n``.
+  """
+  v = np.array([x for x in values if x is not None], np.float64)
+  if not v.size:
+    return {'mean': None, 'low': None, 'high': None, 'min': None, 'n': 0}
+  mean = float(v.mean())
+  if v.size < 2:
+    return {'mean': mean, 'low': None, 'high': None, 'min': float(v.min()), 'n': 1}
+  half = float(t_quantile(confidence, v.size - 1)) * float(v.std(ddof=1)) / math.sqrt(v.size)
+  return {
+      'mean': mean,
+      'low': mean - half,
+      'high': mean + half,
+      'min': float(v.min()),
+      'n': int(v.size),
+  }
+
+
+def _margin(frontier: Sequence[tuple[float, float]], run: dict[str, Any] | None) -> float | None:
+  """The frontier's loss at the run's steps minus the run's: positive is better."""
+  if run is None or not math.isfinite(run['val_loss']):
+    return None
+  at = frontier_loss_at(frontier, run['num_steps'])
+  return None if at is None else at - run['val_loss']
+
+
+def _per_seed(value: Any, seed: int) -> Any:
+  return value(seed) if callable(value) else value
+
+
+def _check_args(learning_rates, ks, seeds, evals, count):
+  if not learning_rates or any(not (lr > 0) for lr in learning_rates):
+    raise ValueError(f'learning_rates must be positive numbers, got {learning_rates!r}')
+  if 1 not in ks:
+    raise ValueError(f'ks must include 1, the control, got {ks!r}')
+  for k in ks:
+    _checks.check_positive_int('each k', k)
+  if not seeds:
+    raise ValueError('seeds must name at least one seed')
+  _checks.check_positive_int('evals', evals)
+  if count < evals * max(ks):
+    raise ValueError(
+        f'{count} microbatches are too few for {evals} evaluations and k up to {max(ks)}: '
+        'pass more microbatches, or fewer evals'
+    )
+
+
+def frontier_study(
+    loss_fn: Callable[[Any, Any], jax.Array],
+    params: Any,
+    microbatches: Any,
+    *,
+    eval_batches: Any,
+    arms: Mapping[str, Arm],
+    learning_rates: Sequence[float],
+    ks: Sequence[int] = (1, 2, 4, 8),
+    seeds: Sequence[int] = (0, 1, 2),
+    optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    optimizer_kwargs: Mapping[str, Any] | None = None,
+    evals: int = 4,
+    warmup: float = 0.05,
+    final_lr: float = 0.1,
+    on_result: Callable[[str, int, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+  """Runs the fixed-batch frontier and adaptive ``arms`` on every seed; margins with intervals.
+
+  Args:
+    loss_fn: ``(params, batch) -> scalar loss`` of one microbatch.
+    params: the initial parameters, or a function of the seed that returns them.
+    microbatches: the training microbatches stacked on a leading axis (a
+      pytree of arrays of shape ``[count, ...]``), or a function of the seed
+      that returns them. Every arm of a seed sees the same ones, in order.
+    eval_batches: validation batches stacked on a leading axis (or a
+      function of the seed): the validation loss is their mean loss.
+    arms: the adaptive arms by name: functions of the inner optimizer that
+      return the accumulation, e.g. ``optax_gqc.gnts`` or
+      ``functools.partial(optax_gqc.gnts, ratio=0.5)``. The inner optimizer
+      injects its learning rate, which follows the study's schedule of
+      microbatches (:func:`optax_gqc.schedule_by_microbatch`).
+    learning_rates: the grid of peak learning rates; every arm runs at each.
+    ks: the frontier's microbatches per step; must include 1, the control.
+    seeds: the seeds; each has its own frontier.
+    optimizer: the optimizer factory, taking ``learning_rate``; built with
+      ``optax.inject_hyperparams``.
+    optimizer_kwargs: its other arguments (e.g. ``weight_decay``).
+    evals: validation losses taken over the run (the last is the verdict's).
+    warmup, final_lr: the shape of :func:`lr_schedule`.
+    on_result: called with ``(arm, seed, record)`` as each arm's runs on a
+      seed finish (for progress, or to save as you go).
+
+  Returns:
+    A dict: ``runs`` (every run: arm, seed, lr, k, validation losses and
+    steps at each evaluation, steps forced, noise scale), ``frontier`` (per
+    seed, each ``k`` at its best rate), and ``arms``: for each adaptive arm,
+    per seed ``margins`` (at the control's best rate), ``best_margins`` (at
+    the arm's own best rate), ``step_ratios`` (its steps over the
+    control's), and their :func:`paired_interval` as ``margin`` and
+    ``best_margin``.
+  """
+  optimizer_kwargs = dict(optimizer_kwargs or {})
+  ks = tuple(int(k) for k in ks)
+  lrs = np.asarray(learning_rates, np.float32)
+  first = _per_seed(microbatches, seeds[0] if seeds else 0)
+  count = jax.tree.leaves(first)[0].shape[0]
+  _check_args(tuple(learning_rates), ks, tuple(seeds), evals, count)
+
+  def program(arm):
+    def make_tx(peak, k):
+      inner = optax.inject_hyperparams(optimizer)(learning_rate=peak, **optimizer_kwargs)
+      tx = (arm if arm is not None else fixed_batch(k))(inner)
+      return schedule_by_microbatch(tx, learning_rate=lr_schedule(peak, count, warmup, final_lr))
+
+    return _train_program(loss_fn, make_tx, count, evals)
+
+  programs = {name: program(arm) for name, arm in arms.items()}
+  fixed_program = program(None)
+  grid_k = np.repeat(np.asarray(ks, np.int32), lrs.size)
+  grid_lr = np.tile(lrs, len(ks))
+
+  runs, frontier, out_arms = [], {}, {name: {} for name in arms}
+  for seed in seeds:
+    p0, data, val = (_per_seed(x, seed) for x in (params, microbatches, eval_batches))
+
+    def record(name, values, lr, k, seed=seed):
+      losses, steps, forced, noise = values
+      return {
+          'arm': name,
+          'seed': seed,
+          'lr': float(lr),
+          'k': None if k is None else int(k),
+          'val_losses': [float(x) for x in losses],
+          'steps': [int(x) for x in steps],
+          'val_loss': float(losses[-1]),
+          'num_steps': int(steps[-1]),
+          'num_forced': int(forced),
+          'noise_scale': float(noise),
+      }
+
+    values = jax.device_get(fixed_program(p0, data, val, grid_lr, grid_k))
+    fixed = [
+        record(f'k={k}', [v[i] for v in values], lr, k)
+        for i, (k, lr) in enumerate(zip(grid_k, grid_lr, strict=True))
+    ]
+    runs += fixed
+    best = {}
+    for k in ks:
+      rows = [r for r in fixed if r['k'] == k and math.isfinite(r['val_loss'])]
+      best[k] = min(rows, key=lambda r: r['val_loss']) if rows else None
+    frontier[seed] = {k: r for k, r in best.items() if r is not None}
+    if on_result is not None:
+      on_result('frontier', seed, frontier[seed])
+    points = [(r['num_steps'], r['val_loss']) for r in frontier[seed].values()]
+    control = frontier[seed].get(1)
+    for name, prog in programs.items():
+      values = jax.device_get(prog(p0, data, val, lrs, np.ones_like(lrs, np.int32)))
+      rows = [record(name, [v[i] for v in values], lr, None) for i, lr in enumerate(lrs)]
+      runs += rows
+      at_control = next((r for r in rows if control and r['lr'] == control['lr']), None)
+      finite = [r for r in rows if math.isfinite(r['val_loss'])]
+      own_best = min(finite, key=lambda r: r['val_loss']) if finite else None
+
+      out_arms[name][seed] = {
+          'margin': _margin(points, at_control),
+          'best_margin': _margin(points, own_best),
+          'val_loss': None if at_control is None else at_control['val_loss'],
+          'steps': None if at_control is None else at_control['num_steps'],
+          'step_ratio': (
+              None
+              if at_control is None or control is None
+              else at_control['num_steps'] / control['num_steps']
+          ),
+          'best_lr': None if own_best is None else own_best['lr'],
+      }
+      if on_result is not None:
+        on_result(name, seed, out_arms[name][seed])
+
+  summary = {}
+  for name, by_seed in out_arms.items():
+    seeds_done = list(by_seed)
+    summary[name] = {
+        'margins': [by_seed[s]['margin'] for s in seeds_done],
+        'best_margins': [by_seed[s]['best_margin'] for s in seeds_done],
+        'step_ratios': [by_seed[s]['step_ratio'] for s in seeds_done],
+        'val_losses': [by_seed[s]['val_loss'] for s in seeds_done],
+        'best_lrs': [by_seed[s]['best_lr'] for s in seeds_done],
+        'margin': paired_interval([by_seed[s]['margin'] for s in seeds_done]),
+        'best_margin': paired_interval([by_seed[s]['best_margin'] for s in seeds_done]),
+        'step_ratio': float(
+            np.mean(
+                [r for r in (by_seed[s]['step_ratio'] for s in seeds_done) if r is not None]
+                or [np.nan]
+            )
+        ),
+    }
+  return {
+      'seeds': list(seeds),
+      'learning_rates': [float(x) for x in lrs],
+      'ks': list(ks),
+      'microbatches': int(count),
+      'runs': runs,
+      'frontier': {
+          seed: {
+              k: {'lr': r['lr'], 'steps': r['num_steps'], 'val_loss': r['val_loss']}
+              for k, r in f.items()
+          }
+          for seed, f in frontier.items()
+      },
+      'arms': summary,
+  }
+
+
+def _fmt(x: float | None, spec: str = '+.3f') -> str:
+  return '-' if x is None else format(x, spec)
+
+
+def table(result: Mapping[str, Any], title: str = '') -> list[str]:
+  """The study as text: the frontier per seed, then one line per adaptive arm.
+
+  Margins are in the loss's units (nats for a cross entropy): the frontier's
+  loss at the arm's step count minus the arm's, so positive is better than a
+  fixed batch with as many steps; ``[low, high]`` is the paired 95% interval
+  over seeds; ``steps`` is the arm's optimizer steps over the control's.
+  """
+  lines = [title] if title else []
+  ks = result['ks']
+  lines.append('frontier (val loss at best lr / lr):  ' + '  '.join(f'k={k}' for k in ks))
+  for seed, f in result['frontier'].items():
+    cells = [f"{f[k]['val_loss']:.4f}/{f[k]['lr']:.2g}" if k in f else '-' for k in ks]
+    lines.append(f'  seed {seed}: ' + '  '.join(cells))
+  lines.append(
+      f"{'arm':16s} {'margin':>7s} {'95% interval':>17s} {'min seed':>8s} "
+      f"{'own-best lr margin':>18s} {'steps':>6s}"
+  )
+  for name, a in result['arms'].items():
+    m, b = a['margin'], a['best_margin']
+    interval = '-' if m['low'] is None else f"[{m['low']:+.3f}, {m['high']:+.3f}]"
+    lines.append(
+        f"{name:16s} {_fmt(m['mean']):>7s} {interval:>17s} {_fmt(m['min']):>8s} "
+        f"{_fmt(b['mean']):>18s} {_fmt(a['step_ratio'], '.2f') + 'x':>6s}"
+    )
+  return lines
