@@ -153,7 +153,7 @@ def scheduled_accumulation(
   )
 
   def scheduled(state):
-    _check_state(state)
+    _check_state(state, gate, inner)
     hyper = dict(state.inner_state.hyperparams)
     for k, schedule in hyperparams.items():
       hyper[k] = jnp.asarray(schedule(state.num_batches), hyper[k].dtype)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from optax_gqc import _checks
@@ -485,6 +486,8 @@ def loss_interval(
   Raises:
     ValueError: at the first trace, if ``update`` gets no ``value``, or a
       ``value`` that is not a scalar.
+    TypeError: at the first trace, if ``value`` is not a real number (a
+      string, a bool, a complex number).
   """
   _checks.check_scalar_or_schedule('confidence', confidence)
   if not callable(confidence):
@@ -511,6 +514,16 @@ def loss_interval(
     if value is None:
       raise ValueError(
           'loss_interval needs the loss: call update(grads, state, params, value=loss)'
+      )
+    if isinstance(value, bool) or not (
+        isinstance(value, int | float | jax.Array | np.ndarray | np.generic)
+        and jnp.issubdtype(jnp.result_type(value), jnp.number)
+        and not jnp.iscomplexobj(value)
+    ):
+      raise TypeError(
+          f'value must be the scalar loss of the microbatch, a real number, got '
+          f'{type(value).__name__} {value!r}: pass the loss itself (value=loss), as '
+          'jax.value_and_grad returns it'
       )
     if jnp.ndim(value) != 0:
       raise ValueError(
@@ -598,7 +611,9 @@ def from_function(rule: Callable[[DrawStats], jax.Array]) -> Gate:
   """Makes a stateless gate from a function of :class:`DrawStats`.
 
   Args:
-    rule: ``stats -> bool`` scalar; traced, so use ``jnp`` comparisons.
+    rule: ``stats -> bool`` scalar; traced, so use ``jnp`` comparisons. Any
+      other output (a float, an int, an array of shape ``(1,)``) raises
+      ``TypeError`` at the first trace of ``update``.
 
   Returns:
     A :class:`Gate` with an empty state.
@@ -612,7 +627,24 @@ def from_function(rule: Callable[[DrawStats], jax.Array]) -> Gate:
         f'rule must be callable, got {type(rule).__name__}: pass a function of DrawStats, '
         'e.g. lambda s: s.num_draws >= 4'
     )
-  return Gate(lambda: {}, lambda stats, state, **_: (jnp.asarray(rule(stats)), state))
+
+  def update(stats, state, **extra_args):
+    del extra_args
+    step = jnp.asarray(rule(stats))
+    _check_decision(step, 'from_function: rule')
+    return step, state
+
+  return Gate(lambda: {}, update)
+
+
+def _check_decision(step: Any, who: str) -> None:
+  """Raises at trace time unless ``step`` is a boolean scalar, as a gate's decision must be."""
+  if jnp.shape(step) != () or jnp.result_type(step) != jnp.bool_:
+    raise TypeError(
+        f"{who} must return a boolean scalar as the gate's decision, got "
+        f'{jnp.result_type(step)} of shape {jnp.shape(step)}: compare, e.g. '
+        'stats.acc_norm <= 0.5 (and reduce an array with jnp.all or jnp.any)'
+    )
 
 
 def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
@@ -628,10 +660,12 @@ def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
     return tuple(g.init() for g in gates)
 
   def update(stats, gate_state, **extra_args):
-    steps, states = zip(
-        *(g.update(stats, s, **extra_args) for g, s in zip(gates, gate_state, strict=True)),
-        strict=True,
-    )
+    steps, states = [], []
+    for i, (g, s) in enumerate(zip(gates, gate_state, strict=True)):
+      step, s = g.update(stats, s, **extra_args)
+      _check_decision(step, f'{name}: gate {i} of its {len(gates)} (counting from 0)')
+      steps.append(step)
+      states.append(s)
     return reduce(jnp.stack(steps)), tuple(states)
 
   return Gate(init, update)

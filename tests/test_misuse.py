@@ -174,6 +174,12 @@ AT_CONSTRUCTION = {
         'accumulator_dtype',
         r'truncate the mean.*jnp.float32',
     ),
+    'float16 accumulator': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype=jnp.float16),
+        ValueError,
+        'accumulator_dtype float16 is too narrow',
+        r'accumulator_dtype=jnp.bfloat16.*or None',
+    ),
     'accumulator_dtype not a dtype': (
         lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype='high'),
         TypeError,
@@ -472,6 +478,109 @@ AT_FIRST_TRACE = {
         TypeError,
         'gate',
         r'boolean scalar.*stats.acc_norm <= 0.5',
+    ),
+    'float rule inside any_of': (
+        lambda: first_update(
+            optax_gqc.accumulate(
+                sgd(),
+                gates.any_of(gates.norm_below(1.0), gates.from_function(lambda s: s.acc_norm)),
+            )
+        ),
+        TypeError,
+        'from_function: rule',
+        r'boolean scalar.*got float32.*stats.acc_norm <= 0.5',
+    ),
+    'int rule inside all_of': (
+        lambda: first_update(
+            optax_gqc.accumulate(sgd(), gates.all_of(gates.from_function(lambda s: 1)))
+        ),
+        TypeError,
+        'from_function: rule',
+        r'boolean scalar.*got int32',
+    ),
+    'rule of shape (1,) inside any_of': (
+        lambda: first_update(
+            optax_gqc.accumulate(
+                sgd(),
+                gates.any_of(
+                    gates.norm_below(1.0), gates.from_function(lambda s: jnp.ones(1, bool))
+                ),
+            )
+        ),
+        TypeError,
+        'from_function: rule',
+        r'shape \(1,\).*jnp.all or jnp.any',
+    ),
+    'gate returning a float inside any_of': (
+        lambda: first_update(
+            optax_gqc.accumulate(
+                sgd(),
+                gates.any_of(
+                    gates.norm_below(1.0),
+                    optax_gqc.Gate(lambda: {}, lambda s, st, **_: (s.acc_norm, st)),
+                ),
+            )
+        ),
+        TypeError,
+        r'any_of: gate 1 of its 2 \(counting from 0\)',
+        r'boolean scalar.*stats.acc_norm <= 0.5',
+    ),
+    'state of an accumulation with another gate': (
+        lambda: first_update(
+            optax_gqc.gnts(sgd(), 0.5), state=optax_gqc.sbc(sgd(), 2, 1).init(PARAMS)
+        ),
+        TypeError,
+        r'state does not belong to this transformation: its gate state holds the entries '
+        r'\(logical_batch_size, num_bad_hyperparams\)',
+        r'tx.init\(params\)',
+    ),
+    'state of the default gnts, to sbc': (
+        lambda: first_update(optax_gqc.sbc(sgd(), 2, 1), state=optax_gqc.gnts(sgd()).init(PARAMS)),
+        TypeError,
+        'state does not belong to this transformation',
+        r'tx.init\(params\)',
+    ),
+    'state of an accumulation around another optimizer': (
+        lambda: first_update(
+            optax_gqc.gnts(optax.adam(0.1), 0.5), state=optax_gqc.gnts(sgd(), 0.5).init(PARAMS)
+        ),
+        TypeError,
+        r'state does not belong to this transformation: its inner state is \(EmptyState, '
+        r'EmptyState\), but this inner optimizer keeps \(ScaleByAdamState',
+        r'tx.init\(params\)',
+    ),
+    'state of a plain accumulation, to a recipe': (
+        lambda: first_update(
+            optax_gqc.sbc_with_polynomial_schedule(0.1, 1, 2.0, 4.0, 20, 2),
+            state=optax_gqc.sbc(sgd(), 2, 1).init(PARAMS),
+        ),
+        TypeError,
+        'state does not belong to this transformation: its inner state',
+        r'tx.init\(params\)',
+    ),
+    'gradients as Python floats': (
+        lambda: optax_gqc.gnts(sgd(), 0.5).update(
+            {'w': 1.0, 'b': 1.0}, optax_gqc.gnts(sgd(), 0.5).init(PARAMS), PARAMS
+        ),
+        TypeError,
+        r"gradient \['b'\] is a float \(1.0\), not an array",
+        r'jnp.asarray',
+    ),
+    'a bare float as the gradient': (
+        lambda: optax_gqc.sbc(sgd(), 2, 1).update(
+            1.0, optax_gqc.sbc(sgd(), 2, 1).init(jnp.ones(3)), jnp.ones(3)
+        ),
+        TypeError,
+        r'accumulate: the gradient is a float',
+        r'pass arrays',
+    ),
+    'mht with a string loss': (
+        lambda: optax_gqc.mht(sgd(), 0.9, 0.05).update(
+            PARAMS, optax_gqc.mht(sgd(), 0.9, 0.05).init(PARAMS), PARAMS, value='x'
+        ),
+        TypeError,
+        r"value must be the scalar loss of the microbatch, a real number, got str 'x'",
+        r'value=loss',
     ),
     'gate changing its state': (
         lambda: first_update(
