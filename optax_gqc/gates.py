@@ -154,7 +154,12 @@ def norm_below(
   An absolute threshold is tied to one model and one stage of training:
   gradient norms shrink several-fold as training goes. With ``relative=True``
   the threshold is a multiple of an EMA (decay ``decay``) of the recent
-  single-microbatch norms :math:`\|g_i\|`, a unit that follows training:
+  single-microbatch norms :math:`\|g_i\|`, a unit that follows training.
+  The EMA is bias-corrected, as Adam's moments are (kept from 0 and divided
+  by its total weight :math:`1 - \text{decay}^k` after :math:`k` norms), so
+  after :math:`k` norms the first weighs about :math:`1/k`: an outlier at the
+  start, such as an all-zero first microbatch, does not hold the unit. While
+  the unit is 0 (every norm seen was 0) the gate stays closed.
   ``threshold=0.5`` asks for the mean to be half as long as a typical
   microbatch gradient. Beware the signal-dominated regime (early training):
   there :math:`\|\bar g\|` cannot fall much below :math:`\|g_i\|` however
@@ -184,27 +189,36 @@ def norm_below(
 
   def init():
     t0 = jnp.zeros([], jnp.int32)
+    zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
     return {
         'threshold': jnp.full([], jnp.nan, jnp.float32),
         'threshold_ratio': _value_at('threshold', threshold, t0),
         'grad_norm_ema': jnp.full([], jnp.nan, jnp.float32),  # NaN: no norm seen yet
         'num_bad_hyperparams': _no_bad(),
+        '_norm_ema': zero(),  # the raw EMA, from 0
+        '_norm_weight': zero(),  # its total weight, 1 - decay^k after k norms
     }
 
   def update(stats, gate_state, **extra_args):
     del extra_args
-    unit = gate_state['grad_norm_ema']
-    unit = jnp.where(
-        jnp.isnan(unit), stats.grad_norm, decay * unit + (1.0 - decay) * stats.grad_norm
-    )
+    # A bias-corrected EMA, as Adam's: after k norms the first weighs about
+    # 1/k, so one outlier at the start (a zero gradient) does not hold the
+    # unit for hundreds of microbatches.
+    raw = decay * gate_state['_norm_ema'] + (1.0 - decay) * stats.grad_norm
+    weight = decay * gate_state['_norm_weight'] + (1.0 - decay)
+    unit = raw / weight
     ratio = _value_at('threshold', threshold, stats.num_batches)
     bad = _outside(ratio)
     limit = ratio * unit
-    return ~bad & (stats.acc_norm <= limit), {
+    # While every norm seen is 0 the unit is 0, and 0 <= 0 would step on a
+    # zero mean gradient: wait for a non-zero norm instead.
+    return ~bad & (unit > 0) & (stats.acc_norm <= limit), {
         'threshold': limit,
         'threshold_ratio': ratio,
         'grad_norm_ema': unit,
         'num_bad_hyperparams': _count_bad(gate_state, bad),
+        '_norm_ema': raw,
+        '_norm_weight': weight,
     }
 
   return Gate(init, update)

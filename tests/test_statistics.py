@@ -37,7 +37,7 @@ GATES = {
     'norm_below_relative': (
         lambda: gates.norm_below(0.5, relative=True),
         {'threshold', 'threshold_ratio', 'grad_norm_ema'},
-        set(),
+        {'_norm_ema', '_norm_weight'},
     ),
     'batch_size_at_least': (lambda: gates.batch_size_at_least(4, 1), {'logical_batch_size'}, set()),
     'critical_batch': (
