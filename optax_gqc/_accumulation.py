@@ -671,7 +671,13 @@ def _accumulation_report(s: AccumulateState) -> dict[str, jax.Array]:
 
 
 def _scale_to_norm_report(s: ScaleToNormState) -> dict[str, jax.Array]:
-  return {'num_steps': s.count, 'target': s.target, 'grad_norm': s.grad_norm}
+  # It steps on every microbatch: as many microbatches as steps.
+  return {
+      'num_batches': s.count,
+      'num_steps': s.count,
+      'target': s.target,
+      'grad_norm': s.grad_norm,
+  }
 
 
 def _noise_scale_report(s: NoiseScaleState) -> dict[str, jax.Array]:
@@ -697,7 +703,32 @@ def _gsnr_report(s: ScaleByGsnrState) -> dict[str, jax.Array]:
 
 
 def _momentum_report(s: SgdSaiMomentumState) -> dict[str, jax.Array]:
+  return {'num_batches': s.count, 'num_steps': s.count}
+
+
+def _multi_steps_report(s: optax.MultiStepsState) -> dict[str, jax.Array]:
+  return {'num_draws': s.mini_step, 'num_steps': s.gradient_step}
+
+
+def _count_report(s: Any) -> dict[str, jax.Array]:
   return {'num_steps': s.count}
+
+
+# Optax's states whose ``count`` counts their calls, not optimizer steps: an
+# inject_hyperparams around an accumulation calls it on every microbatch.
+_NOT_STEP_COUNTS = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
+
+
+def _counts_steps(x: Any) -> bool:
+  """Whether ``x`` is a state of Optax's that counts its updates (``ScaleByAdamState``...)."""
+  if not hasattr(x, '_fields') or 'count' not in x._fields or isinstance(x, _NOT_STEP_COUNTS):
+    return False
+  count = x.count
+  return (
+      hasattr(count, 'dtype')
+      and jnp.ndim(count) == 0
+      and jnp.issubdtype(jnp.result_type(count), jnp.integer)
+  )
 
 
 # What statistics reports of each state the library creates, in this order of
@@ -708,14 +739,22 @@ _REPORTS = {
     NoiseScaleState: _noise_scale_report,
     ScaleByGsnrState: _gsnr_report,
     SgdSaiMomentumState: _momentum_report,
+    optax.MultiStepsState: _multi_steps_report,
 }
 
 
+def _report_of(x: Any) -> Callable[[Any], dict[str, jax.Array]] | None:
+  report = _REPORTS.get(type(x))
+  if report is None and _counts_steps(x):
+    report = _count_report
+  return report
+
+
 def _find_states(state: Any) -> list[Any]:
-  """The library's states in ``state``, in traversal order; inner states of accumulations too."""
+  """The states reported on in ``state``, in traversal order; inner states of accumulations too."""
 
   def known(x):
-    return isinstance(x, tuple(_REPORTS))
+    return _report_of(x) is not None
 
   found = []
   for x in jax.tree.leaves(state, is_leaf=known):
@@ -724,6 +763,13 @@ def _find_states(state: Any) -> list[Any]:
       if isinstance(x, AccumulateState):
         found.extend(_find_states(x.inner_state))
   return found
+
+
+def _precedence(x: Any) -> int:
+  """Accumulations first, then the other states of optax_gqc, then Optax's."""
+  if isinstance(x, AccumulateState):
+    return 0
+  return 1 if type(x) in _REPORTS and not isinstance(x, optax.MultiStepsState) else 2
 
 
 def statistics(state: Any) -> dict[str, jax.Array]:
@@ -753,14 +799,23 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   gate entry whose name is taken gets a suffix ``_1``, ``_2``, ...
 
   :func:`scale_to_norm` (and so :func:`gnr` and its recipes) reports
-  ``num_steps``, ``target`` (the target norm at the latest update) and
+  ``num_batches`` and ``num_steps`` (equal: it steps on every microbatch),
+  ``target`` (the target norm at the latest update) and
   ``grad_norm`` (the gradient's norm before rescaling). :func:`noise_scale`
   reports ``noise_scale``, ``grad_sq_norm_est`` and ``trace_cov_est``.
   :func:`scale_by_gsnr` (and so :func:`sgd_sai`) reports ``gsnr_min`` and
   ``gsnr_max`` over the leaves that have their g-SNR (NaN while none has),
   ``num_pending_gsnr``, the leaves still waiting for a non-zero gradient,
-  and, in :func:`sgd_sai`, ``num_steps``; the per-leaf factors are in
-  ``optax.tree.get(state, 'gsnr')``.
+  and, in :func:`sgd_sai`, ``num_batches`` and ``num_steps``; the per-leaf
+  factors are in ``optax.tree.get(state, 'gsnr')``.
+
+  Any other Optax state reports what Optax counts, so that a run of a plain
+  optimizer logs under the same names: ``num_steps`` from the ``count`` of a
+  state that keeps one (``optax.adamw``'s ``ScaleByAdamState``, a schedule's
+  ``ScaleByScheduleState``), and from ``optax.MultiSteps``'s state
+  ``num_steps`` and ``num_draws``. A state with no counter (``optax.sgd``
+  with a constant learning rate) gives an empty dict. These come after the
+  entries of optax_gqc's own states.
 
   ``num_forced`` counts the steps that ``max_draws`` forced while the gate was
   closed. A few are normal (a noisy stretch); if it grows with ``num_steps``,
@@ -779,29 +834,17 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   ``max_draws`` forces the steps). It is 0 in a healthy run.
 
   Args:
-    state: an optimizer state that holds a state of optax_gqc.
+    state: an optimizer state.
 
   Returns:
-    A dict of 0-d arrays.
-
-  Raises:
-    ValueError: if ``state`` holds no state that optax_gqc reports on (a
-      plain ``optax.adam`` state, say).
+    A dict of 0-d arrays; empty if ``state`` holds nothing to report.
   """
   state = jax.tree.map(
       lambda x: x.get_value() if _is_variable(x) else x, state, is_leaf=_is_variable
   )
-  found = _find_states(state)
-  if not found:
-    raise ValueError(
-        'statistics: the optimizer state holds no state of optax_gqc to report on. Pass the '
-        'state of an accumulation (accumulate, gnts, sbc, ... and their recipes), gnr or '
-        'scale_to_norm, noise_scale, or sgd_sai / scale_by_gsnr; got '
-        f'{type(state).__name__}'
-    )
-  found.sort(key=lambda x: not isinstance(x, AccumulateState))  # stable: accumulations first
+  found = sorted(_find_states(state), key=_precedence)  # stable: in traversal order within
   out = {}
   for s in found:
-    for name, value in _REPORTS[type(s)](s).items():
+    for name, value in _report_of(s)(s).items():
       out.setdefault(name, value)
   return out

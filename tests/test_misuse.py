@@ -622,12 +622,6 @@ AT_FIRST_TRACE = {
         "axis_name 'data'",
         r'call update inside jax.shard_map',
     ),
-    'statistics of a plain adam state': (
-        lambda: optax_gqc.statistics(optax.adam(1e-3).init(PARAMS)),
-        ValueError,
-        'statistics',
-        r'Pass the state of an accumulation',
-    ),
 }
 
 
