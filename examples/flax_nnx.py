@@ -1,5 +1,7 @@
 """GNTS with Flax NNX: an MLP on scikit-learn's digits, ``python examples/flax_nnx.py``.
 
+Needs Flax and scikit-learn (``pip install -e ".[examples]"``).
+
 ``optimizer.update`` runs once per microbatch. GNTS adds each microbatch
 gradient to its accumulator and steps AdamW on the mean only when the mean's
 norm is below the threshold (or after ``max_draws`` microbatches); until then
@@ -15,6 +17,21 @@ from flax import nnx
 from sklearn.datasets import load_digits
 
 import optax_gqc
+
+
+def warn_if_stalled(stats) -> None:
+  """Says so when a hyperparameter was out of its domain, or microbatches were rejected.
+
+  Under jax.jit nothing raises at run time: a schedule that returns NaN keeps
+  the gate closed (with max_draws=None the run stops stepping for good), and a
+  NaN gradient is skipped. Both only show as counters: see docs/robustness.md.
+  """
+  bad, skipped = int(stats['num_bad_hyperparams']), int(stats['num_skipped'])
+  if bad or skipped:
+    print(
+        f'  WARNING: {bad} microbatches with a hyperparameter out of its domain '
+        f'(num_bad_hyperparams), {skipped} rejected for a non-finite gradient (num_skipped)'
+    )
 
 
 def loss_fn(model: nnx.Module, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -63,6 +80,7 @@ def main(
           f'{stats["num_steps"]:4.0f}  last step: draws {stats["last_num_draws"]:2.0f}, '
           f'|mean g| {stats["last_grad_norm"]:.3f}  threshold {stats["threshold"]:.3f}'
       )
+      warn_if_stalled(stats)
   final_loss, final_accuracy = evaluate(model, x[1400:], y[1400:])
   return {
       'initial_loss': float(initial_loss),

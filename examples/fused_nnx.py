@@ -1,5 +1,7 @@
 """The fused GNTS step with Flax NNX, on scikit-learn's digits: ``python examples/fused_nnx.py``.
 
+Needs Flax and scikit-learn (``pip install -e ".[examples]"``).
+
 ``optimizer.update(model, grads)`` is the Optax path: on each microbatch
 where GNTS only accumulates, it still writes a zero update and adds it to
 every parameter. ``optax_gqc.interop.nnx.update(optimizer, model, grads)``
@@ -18,6 +20,21 @@ from sklearn.datasets import load_digits
 
 import optax_gqc
 from optax_gqc.interop import nnx as gqc_nnx
+
+
+def warn_if_stalled(stats) -> None:
+  """Says so when a hyperparameter was out of its domain, or microbatches were rejected.
+
+  Under jax.jit nothing raises at run time: a schedule that returns NaN keeps
+  the gate closed (with max_draws=None the run stops stepping for good), and a
+  NaN gradient is skipped. Both only show as counters: see docs/robustness.md.
+  """
+  bad, skipped = int(stats['num_bad_hyperparams']), int(stats['num_skipped'])
+  if bad or skipped:
+    print(
+        f'  WARNING: {bad} microbatches with a hyperparameter out of its domain '
+        f'(num_bad_hyperparams), {skipped} rejected for a non-finite gradient (num_skipped)'
+    )
 
 
 def cross_entropy(model: nnx.Module, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -65,6 +82,7 @@ def main(
           f'steps {int(stats["num_steps"]):4d}  draws at the last {int(stats["last_num_draws"])}  '
           f'threshold {float(stats["threshold_ratio"]):.2f} x |g_i|'
       )
+      warn_if_stalled(stats)
   final_loss, final_accuracy = accuracy(model, test_x, test_y)
   return {
       'initial_loss': float(initial_loss),

@@ -71,14 +71,62 @@ class AccumulationTransformation(optax.GradientTransformationExtraArgs):
     return (self.init, self.update, self.update_and_apply)
 
 
-def _check_state(state: Any) -> None:
-  """Raises at trace time unless ``state`` is an accumulation's state."""
+_PASS_OWN_STATE = 'pass the state that tx.init(params) returned, then the one each update returns'
+
+
+def _check_state(state: Any, gate: Gate | None = None, inner: Any = None) -> None:
+  """Raises at trace time unless ``state`` is the state of this accumulation.
+
+  With ``gate`` and ``inner``, the state's gate state must have the structure
+  of ``gate.init()``, and its inner state that of ``inner.init`` on params like
+  the accumulator: the state of another accumulation would otherwise fail
+  inside the gate or the inner optimizer, with a message about them.
+  """
   if not isinstance(state, AccumulateState):
     got = 'None' if state is None else f'a {type(state).__name__}'
     raise TypeError(
-        f'accumulate: state is {got}, not the AccumulateState of this transformation: pass '
-        'the state that tx.init(params) returned, then the one each update returns'
+        f'accumulate: state is {got}, not the AccumulateState of this transformation: '
+        + _PASS_OWN_STATE
     )
+  if gate is not None:
+    expected = jax.eval_shape(gate.init)
+    if jax.tree.structure(state.gate_state) != jax.tree.structure(expected):
+      raise TypeError(
+          'accumulate: the state does not belong to this transformation: its gate state '
+          f'holds {_describe_gate_state(state.gate_state)}, but this gate keeps '
+          f'{_describe_gate_state(expected)}. It is the state of another accumulation: '
+          + _PASS_OWN_STATE
+      )
+  if inner is not None:
+    try:
+      expected = jax.eval_shape(inner.init, state.accumulator)
+    except Exception:  # noqa: BLE001 -- an init that needs the real params: no check
+      return
+    got_def, expected_def = jax.tree.structure(state.inner_state), jax.tree.structure(expected)
+    if got_def != expected_def:
+      got, want = _describe_state(state.inner_state), _describe_state(expected)
+      if got == want:
+        got, want = str(got_def)[:300], str(expected_def)[:300]
+      raise TypeError(
+          'accumulate: the state does not belong to this transformation: its inner state is '
+          f'{got}, but this inner optimizer keeps {want}. It is the state of an accumulation '
+          'around another optimizer: ' + _PASS_OWN_STATE
+      )
+
+
+def _describe_gate_state(gate_state: Any) -> str:
+  names = [name for name, _ in _gate_entries(gate_state)]
+  return f"the entries ({', '.join(names)})" if names else 'no entries'
+
+
+def _describe_state(state: Any) -> str:
+  """The names of the state classes in ``state``, outermost first: ``(ScaleByAdamState, ...)``."""
+  names = [
+      type(x).__name__
+      for x in jax.tree.leaves(state, is_leaf=lambda x: hasattr(x, '_fields'))
+      if hasattr(x, '_fields')
+  ]
+  return f"({', '.join(names)})" if names else type(state).__name__
 
 
 def _check_like_params(updates: Any, accumulator: Any) -> None:
@@ -95,7 +143,13 @@ def _check_like_params(updates: Any, accumulator: Any) -> None:
       jax.tree.leaves(accumulator),
       strict=True,
   ):
-    where = f'accumulate: gradient {jax.tree_util.keystr(path[0])}'
+    key = jax.tree_util.keystr(path[0])
+    where = f'accumulate: gradient {key}' if key else 'accumulate: the gradient'
+    if not (hasattr(g, 'shape') and hasattr(g, 'dtype')):
+      raise TypeError(
+          f'{where} is a {type(g).__name__} ({g!r}), not an array: pass arrays, as jax.grad '
+          'returns them (jnp.asarray(x) of a number)'
+      )
     if g.shape != a.shape:
       raise ValueError(
           f'{where} has shape {g.shape}, but the params given to init had {a.shape}: pass '
@@ -233,7 +287,10 @@ def accumulate(
       float32, or the gradients' own dtype where it is wider (float64) or
       complex; bf16 gradients are accumulated in float32. (None rather than
       ``jnp.float32``, because ``optax.inject_hyperparams`` would take a dtype,
-      a callable, for a schedule.)
+      a callable, for a schedule.) A dtype of a narrower range than float32
+      (``jnp.float16``, whose largest value is 65504, or a float8) raises
+      ``ValueError``: a running sum of finite gradients would overflow to inf
+      there, and the parameters with it. ``jnp.bfloat16`` has float32's range.
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
     noise_decay: EMA decay of the noise-scale estimates (see below), in
       [0, 1); a traced value outside it leaves the estimates as they are, and
@@ -311,6 +368,18 @@ def accumulate(
   if microbatch_size is not None:
     _checks.check_positive_int('microbatch_size', microbatch_size, ', or None')
   _checks.check_float_dtype('accumulator_dtype', accumulator_dtype)
+  if (
+      accumulator_dtype is not None
+      and jnp.finfo(accumulator_dtype).maxexp < jnp.finfo(jnp.float32).maxexp
+  ):
+    # float16 overflows a running sum of ordinary gradients (its largest value
+    # is 65504); bfloat16 has float32's range.
+    raise ValueError(
+        f'accumulator_dtype {jnp.dtype(accumulator_dtype)} is too narrow for a running sum: '
+        f'its largest value is {float(jnp.finfo(accumulator_dtype).max):g}, so a sum of finite '
+        'gradients overflows to inf and the parameters are lost. Pass '
+        "accumulator_dtype=jnp.bfloat16 (float32's range) or None (float32)"
+    )
   _checks.check_bool('skip_nonfinite', skip_nonfinite)
   _checks.check_unit_interval('noise_decay', noise_decay)
   if scale_by_draws is not None and not callable(scale_by_draws):
@@ -354,7 +423,7 @@ def accumulate(
 
   def step_fn(updates, state, params, extra_args, apply):
     """One microbatch; with ``apply``, returns new params in place of updates."""
-    _check_state(state)
+    _check_state(state, gate, inner)
     _check_like_params(updates, state.accumulator)
     grad_sq = sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
@@ -602,7 +671,13 @@ def _accumulation_report(s: AccumulateState) -> dict[str, jax.Array]:
 
 
 def _scale_to_norm_report(s: ScaleToNormState) -> dict[str, jax.Array]:
-  return {'num_steps': s.count, 'target': s.target, 'grad_norm': s.grad_norm}
+  # It steps on every microbatch: as many microbatches as steps.
+  return {
+      'num_batches': s.count,
+      'num_steps': s.count,
+      'target': s.target,
+      'grad_norm': s.grad_norm,
+  }
 
 
 def _noise_scale_report(s: NoiseScaleState) -> dict[str, jax.Array]:
@@ -628,7 +703,32 @@ def _gsnr_report(s: ScaleByGsnrState) -> dict[str, jax.Array]:
 
 
 def _momentum_report(s: SgdSaiMomentumState) -> dict[str, jax.Array]:
+  return {'num_batches': s.count, 'num_steps': s.count}
+
+
+def _multi_steps_report(s: optax.MultiStepsState) -> dict[str, jax.Array]:
+  return {'num_draws': s.mini_step, 'num_steps': s.gradient_step}
+
+
+def _count_report(s: Any) -> dict[str, jax.Array]:
   return {'num_steps': s.count}
+
+
+# Optax's states whose ``count`` counts their calls, not optimizer steps: an
+# inject_hyperparams around an accumulation calls it on every microbatch.
+_NOT_STEP_COUNTS = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
+
+
+def _counts_steps(x: Any) -> bool:
+  """Whether ``x`` is a state of Optax's that counts its updates (``ScaleByAdamState``...)."""
+  if not hasattr(x, '_fields') or 'count' not in x._fields or isinstance(x, _NOT_STEP_COUNTS):
+    return False
+  count = x.count
+  return (
+      hasattr(count, 'dtype')
+      and jnp.ndim(count) == 0
+      and jnp.issubdtype(jnp.result_type(count), jnp.integer)
+  )
 
 
 # What statistics reports of each state the library creates, in this order of
@@ -639,14 +739,22 @@ _REPORTS = {
     NoiseScaleState: _noise_scale_report,
     ScaleByGsnrState: _gsnr_report,
     SgdSaiMomentumState: _momentum_report,
+    optax.MultiStepsState: _multi_steps_report,
 }
 
 
+def _report_of(x: Any) -> Callable[[Any], dict[str, jax.Array]] | None:
+  report = _REPORTS.get(type(x))
+  if report is None and _counts_steps(x):
+    report = _count_report
+  return report
+
+
 def _find_states(state: Any) -> list[Any]:
-  """The library's states in ``state``, in traversal order; inner states of accumulations too."""
+  """The states reported on in ``state``, in traversal order; inner states of accumulations too."""
 
   def known(x):
-    return isinstance(x, tuple(_REPORTS))
+    return _report_of(x) is not None
 
   found = []
   for x in jax.tree.leaves(state, is_leaf=known):
@@ -655,6 +763,13 @@ def _find_states(state: Any) -> list[Any]:
       if isinstance(x, AccumulateState):
         found.extend(_find_states(x.inner_state))
   return found
+
+
+def _precedence(x: Any) -> int:
+  """Accumulations first, then the other states of optax_gqc, then Optax's."""
+  if isinstance(x, AccumulateState):
+    return 0
+  return 1 if type(x) in _REPORTS and not isinstance(x, optax.MultiStepsState) else 2
 
 
 def statistics(state: Any) -> dict[str, jax.Array]:
@@ -684,14 +799,23 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   gate entry whose name is taken gets a suffix ``_1``, ``_2``, ...
 
   :func:`scale_to_norm` (and so :func:`gnr` and its recipes) reports
-  ``num_steps``, ``target`` (the target norm at the latest update) and
+  ``num_batches`` and ``num_steps`` (equal: it steps on every microbatch),
+  ``target`` (the target norm at the latest update) and
   ``grad_norm`` (the gradient's norm before rescaling). :func:`noise_scale`
   reports ``noise_scale``, ``grad_sq_norm_est`` and ``trace_cov_est``.
   :func:`scale_by_gsnr` (and so :func:`sgd_sai`) reports ``gsnr_min`` and
   ``gsnr_max`` over the leaves that have their g-SNR (NaN while none has),
   ``num_pending_gsnr``, the leaves still waiting for a non-zero gradient,
-  and, in :func:`sgd_sai`, ``num_steps``; the per-leaf factors are in
-  ``optax.tree.get(state, 'gsnr')``.
+  and, in :func:`sgd_sai`, ``num_batches`` and ``num_steps``; the per-leaf
+  factors are in ``optax.tree.get(state, 'gsnr')``.
+
+  Any other Optax state reports what Optax counts, so that a run of a plain
+  optimizer logs under the same names: ``num_steps`` from the ``count`` of a
+  state that keeps one (``optax.adamw``'s ``ScaleByAdamState``, a schedule's
+  ``ScaleByScheduleState``), and from ``optax.MultiSteps``'s state
+  ``num_steps`` and ``num_draws``. A state with no counter (``optax.sgd``
+  with a constant learning rate) gives an empty dict. These come after the
+  entries of optax_gqc's own states.
 
   ``num_forced`` counts the steps that ``max_draws`` forced while the gate was
   closed. A few are normal (a noisy stretch); if it grows with ``num_steps``,
@@ -710,29 +834,17 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   ``max_draws`` forces the steps). It is 0 in a healthy run.
 
   Args:
-    state: an optimizer state that holds a state of optax_gqc.
+    state: an optimizer state.
 
   Returns:
-    A dict of 0-d arrays.
-
-  Raises:
-    ValueError: if ``state`` holds no state that optax_gqc reports on (a
-      plain ``optax.adam`` state, say).
+    A dict of 0-d arrays; empty if ``state`` holds nothing to report.
   """
   state = jax.tree.map(
       lambda x: x.get_value() if _is_variable(x) else x, state, is_leaf=_is_variable
   )
-  found = _find_states(state)
-  if not found:
-    raise ValueError(
-        'statistics: the optimizer state holds no state of optax_gqc to report on. Pass the '
-        'state of an accumulation (accumulate, gnts, sbc, ... and their recipes), gnr or '
-        'scale_to_norm, noise_scale, or sgd_sai / scale_by_gsnr; got '
-        f'{type(state).__name__}'
-    )
-  found.sort(key=lambda x: not isinstance(x, AccumulateState))  # stable: accumulations first
+  found = sorted(_find_states(state), key=_precedence)  # stable: in traversal order within
   out = {}
   for s in found:
-    for name, value in _REPORTS[type(s)](s).items():
+    for name, value in _report_of(s)(s).items():
       out.setdefault(name, value)
   return out

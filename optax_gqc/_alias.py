@@ -199,7 +199,12 @@ def sbc(
     max_draws: the most microbatches accumulated before a step is forced;
       None (the default) for no limit. With a constant
       ``logical_batch_size`` it must be at least
-      ``ceil(logical_batch_size / microbatch_size)``.
+      ``ceil(logical_batch_size / microbatch_size)``. With no limit, a
+      schedule that returns NaN or a negative value keeps the gate closed,
+      so no step is taken until it returns a valid value again (for good, if
+      it never does); only ``num_bad_hyperparams`` in :func:`statistics`
+      shows it. Log it, or pass a ``max_draws`` so that such a stretch still
+      steps every ``max_draws`` microbatches.
     accumulator_dtype: dtype of the accumulator; None means float32.
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
     axis_name: as in :func:`gnts`.

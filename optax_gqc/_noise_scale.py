@@ -185,8 +185,10 @@ def _check_per_device(updates: Any, axis_name: Any) -> None:
       if not set(axes) <= varying_axes(g)
   ]
   if summed:
+    # A bare array has the empty path.
+    which = f'gradients {", ".join(summed)} do' if any(summed) else 'gradient (a bare array) does'
     raise ValueError(
-        f'noise_scale: the gradients {", ".join(summed)} do not vary across '
+        f'noise_scale: the {which} not vary across '
         f'axis_name={axis_name!r}. Under shard_map with check_vma=True, JAX '
         'has already summed the gradients of parameters replicated across it, '
         'so no device holds the gradient of its own batch and the noise scale '

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from optax_gqc import _checks
@@ -153,7 +154,12 @@ def norm_below(
   An absolute threshold is tied to one model and one stage of training:
   gradient norms shrink several-fold as training goes. With ``relative=True``
   the threshold is a multiple of an EMA (decay ``decay``) of the recent
-  single-microbatch norms :math:`\|g_i\|`, a unit that follows training:
+  single-microbatch norms :math:`\|g_i\|`, a unit that follows training.
+  The EMA is bias-corrected, as Adam's moments are (kept from 0 and divided
+  by its total weight :math:`1 - \text{decay}^k` after :math:`k` norms), so
+  after :math:`k` norms the first weighs about :math:`1/k`: an outlier at the
+  start, such as an all-zero first microbatch, does not hold the unit. While
+  the unit is 0 (every norm seen was 0) the gate stays closed.
   ``threshold=0.5`` asks for the mean to be half as long as a typical
   microbatch gradient. Beware the signal-dominated regime (early training):
   there :math:`\|\bar g\|` cannot fall much below :math:`\|g_i\|` however
@@ -183,27 +189,36 @@ def norm_below(
 
   def init():
     t0 = jnp.zeros([], jnp.int32)
+    zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
     return {
         'threshold': jnp.full([], jnp.nan, jnp.float32),
         'threshold_ratio': _value_at('threshold', threshold, t0),
         'grad_norm_ema': jnp.full([], jnp.nan, jnp.float32),  # NaN: no norm seen yet
         'num_bad_hyperparams': _no_bad(),
+        '_norm_ema': zero(),  # the raw EMA, from 0
+        '_norm_weight': zero(),  # its total weight, 1 - decay^k after k norms
     }
 
   def update(stats, gate_state, **extra_args):
     del extra_args
-    unit = gate_state['grad_norm_ema']
-    unit = jnp.where(
-        jnp.isnan(unit), stats.grad_norm, decay * unit + (1.0 - decay) * stats.grad_norm
-    )
+    # A bias-corrected EMA, as Adam's: after k norms the first weighs about
+    # 1/k, so one outlier at the start (a zero gradient) does not hold the
+    # unit for hundreds of microbatches.
+    raw = decay * gate_state['_norm_ema'] + (1.0 - decay) * stats.grad_norm
+    weight = decay * gate_state['_norm_weight'] + (1.0 - decay)
+    unit = raw / weight
     ratio = _value_at('threshold', threshold, stats.num_batches)
     bad = _outside(ratio)
     limit = ratio * unit
-    return ~bad & (stats.acc_norm <= limit), {
+    # While every norm seen is 0 the unit is 0, and 0 <= 0 would step on a
+    # zero mean gradient: wait for a non-zero norm instead.
+    return ~bad & (unit > 0) & (stats.acc_norm <= limit), {
         'threshold': limit,
         'threshold_ratio': ratio,
         'grad_norm_ema': unit,
         'num_bad_hyperparams': _count_bad(gate_state, bad),
+        '_norm_ema': raw,
+        '_norm_weight': weight,
     }
 
   return Gate(init, update)
@@ -485,6 +500,8 @@ def loss_interval(
   Raises:
     ValueError: at the first trace, if ``update`` gets no ``value``, or a
       ``value`` that is not a scalar.
+    TypeError: at the first trace, if ``value`` is not a real number (a
+      string, a bool, a complex number).
   """
   _checks.check_scalar_or_schedule('confidence', confidence)
   if not callable(confidence):
@@ -511,6 +528,16 @@ def loss_interval(
     if value is None:
       raise ValueError(
           'loss_interval needs the loss: call update(grads, state, params, value=loss)'
+      )
+    if isinstance(value, bool) or not (
+        isinstance(value, int | float | jax.Array | np.ndarray | np.generic)
+        and jnp.issubdtype(jnp.result_type(value), jnp.number)
+        and not jnp.iscomplexobj(value)
+    ):
+      raise TypeError(
+          f'value must be the scalar loss of the microbatch, a real number, got '
+          f'{type(value).__name__} {value!r}: pass the loss itself (value=loss), as '
+          'jax.value_and_grad returns it'
       )
     if jnp.ndim(value) != 0:
       raise ValueError(
@@ -598,7 +625,9 @@ def from_function(rule: Callable[[DrawStats], jax.Array]) -> Gate:
   """Makes a stateless gate from a function of :class:`DrawStats`.
 
   Args:
-    rule: ``stats -> bool`` scalar; traced, so use ``jnp`` comparisons.
+    rule: ``stats -> bool`` scalar; traced, so use ``jnp`` comparisons. Any
+      other output (a float, an int, an array of shape ``(1,)``) raises
+      ``TypeError`` at the first trace of ``update``.
 
   Returns:
     A :class:`Gate` with an empty state.
@@ -612,7 +641,24 @@ def from_function(rule: Callable[[DrawStats], jax.Array]) -> Gate:
         f'rule must be callable, got {type(rule).__name__}: pass a function of DrawStats, '
         'e.g. lambda s: s.num_draws >= 4'
     )
-  return Gate(lambda: {}, lambda stats, state, **_: (jnp.asarray(rule(stats)), state))
+
+  def update(stats, state, **extra_args):
+    del extra_args
+    step = jnp.asarray(rule(stats))
+    _check_decision(step, 'from_function: rule')
+    return step, state
+
+  return Gate(lambda: {}, update)
+
+
+def _check_decision(step: Any, who: str) -> None:
+  """Raises at trace time unless ``step`` is a boolean scalar, as a gate's decision must be."""
+  if jnp.shape(step) != () or jnp.result_type(step) != jnp.bool_:
+    raise TypeError(
+        f"{who} must return a boolean scalar as the gate's decision, got "
+        f'{jnp.result_type(step)} of shape {jnp.shape(step)}: compare, e.g. '
+        'stats.acc_norm <= 0.5 (and reduce an array with jnp.all or jnp.any)'
+    )
 
 
 def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
@@ -628,10 +674,12 @@ def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
     return tuple(g.init() for g in gates)
 
   def update(stats, gate_state, **extra_args):
-    steps, states = zip(
-        *(g.update(stats, s, **extra_args) for g, s in zip(gates, gate_state, strict=True)),
-        strict=True,
-    )
+    steps, states = [], []
+    for i, (g, s) in enumerate(zip(gates, gate_state, strict=True)):
+      step, s = g.update(stats, s, **extra_args)
+      _check_decision(step, f'{name}: gate {i} of its {len(gates)} (counting from 0)')
+      steps.append(step)
+      states.append(s)
     return reduce(jnp.stack(steps)), tuple(states)
 
   return Gate(init, update)

@@ -287,9 +287,9 @@ def test_statistics_reports_gate_hyperparameters_by_schedule():
   np.testing.assert_allclose(thresholds, [1.0, 1 / 2, 1 / 3, 1 / 4], rtol=1e-6)
 
 
-def test_statistics_needs_an_accumulation_state():
-  with pytest.raises(ValueError, match='no state of optax_gqc'):
-    optax_gqc.statistics(optax.adam(1e-3).init(PARAMS))
+def test_statistics_of_a_plain_optax_state_reports_its_step_count():
+  state = optax.adam(1e-3).init(PARAMS)
+  assert optax_gqc.statistics(state) == {'num_steps': state[0].count}
 
 
 def test_threshold_injected_by_inject_hyperparams():

@@ -37,3 +37,14 @@ def test_example_learns_and_counts_microbatches(name, step_key, capsys):
   assert result[step_key] == NUM_MICROBATCHES
   # ... while GNTS accumulated, so it took fewer optimizer steps.
   assert 0 < result['num_steps'] < NUM_MICROBATCHES
+
+
+@pytest.mark.parametrize('name', ['flax_nnx', 'flax_linen', 'fused_nnx'])
+def test_example_warns_when_a_counter_of_bad_input_grows(name, capsys):
+  # Under jit a NaN schedule or gradient raises nothing: only the counters show it.
+  warn = load_example(name).warn_if_stalled
+  warn({'num_bad_hyperparams': 0, 'num_skipped': 0})
+  assert capsys.readouterr().out == ''
+  warn({'num_bad_hyperparams': 3, 'num_skipped': 1})
+  out = capsys.readouterr().out
+  assert 'WARNING: 3 microbatches' in out and '1 rejected' in out

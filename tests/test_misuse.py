@@ -174,6 +174,12 @@ AT_CONSTRUCTION = {
         'accumulator_dtype',
         r'truncate the mean.*jnp.float32',
     ),
+    'float16 accumulator': (
+        lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype=jnp.float16),
+        ValueError,
+        'accumulator_dtype float16 is too narrow',
+        r'accumulator_dtype=jnp.bfloat16.*or None',
+    ),
     'accumulator_dtype not a dtype': (
         lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype='high'),
         TypeError,
@@ -473,6 +479,109 @@ AT_FIRST_TRACE = {
         'gate',
         r'boolean scalar.*stats.acc_norm <= 0.5',
     ),
+    'float rule inside any_of': (
+        lambda: first_update(
+            optax_gqc.accumulate(
+                sgd(),
+                gates.any_of(gates.norm_below(1.0), gates.from_function(lambda s: s.acc_norm)),
+            )
+        ),
+        TypeError,
+        'from_function: rule',
+        r'boolean scalar.*got float32.*stats.acc_norm <= 0.5',
+    ),
+    'int rule inside all_of': (
+        lambda: first_update(
+            optax_gqc.accumulate(sgd(), gates.all_of(gates.from_function(lambda s: 1)))
+        ),
+        TypeError,
+        'from_function: rule',
+        r'boolean scalar.*got int32',
+    ),
+    'rule of shape (1,) inside any_of': (
+        lambda: first_update(
+            optax_gqc.accumulate(
+                sgd(),
+                gates.any_of(
+                    gates.norm_below(1.0), gates.from_function(lambda s: jnp.ones(1, bool))
+                ),
+            )
+        ),
+        TypeError,
+        'from_function: rule',
+        r'shape \(1,\).*jnp.all or jnp.any',
+    ),
+    'gate returning a float inside any_of': (
+        lambda: first_update(
+            optax_gqc.accumulate(
+                sgd(),
+                gates.any_of(
+                    gates.norm_below(1.0),
+                    optax_gqc.Gate(lambda: {}, lambda s, st, **_: (s.acc_norm, st)),
+                ),
+            )
+        ),
+        TypeError,
+        r'any_of: gate 1 of its 2 \(counting from 0\)',
+        r'boolean scalar.*stats.acc_norm <= 0.5',
+    ),
+    'state of an accumulation with another gate': (
+        lambda: first_update(
+            optax_gqc.gnts(sgd(), 0.5), state=optax_gqc.sbc(sgd(), 2, 1).init(PARAMS)
+        ),
+        TypeError,
+        r'state does not belong to this transformation: its gate state holds the entries '
+        r'\(logical_batch_size, num_bad_hyperparams\)',
+        r'tx.init\(params\)',
+    ),
+    'state of the default gnts, to sbc': (
+        lambda: first_update(optax_gqc.sbc(sgd(), 2, 1), state=optax_gqc.gnts(sgd()).init(PARAMS)),
+        TypeError,
+        'state does not belong to this transformation',
+        r'tx.init\(params\)',
+    ),
+    'state of an accumulation around another optimizer': (
+        lambda: first_update(
+            optax_gqc.gnts(optax.adam(0.1), 0.5), state=optax_gqc.gnts(sgd(), 0.5).init(PARAMS)
+        ),
+        TypeError,
+        r'state does not belong to this transformation: its inner state is \(EmptyState, '
+        r'EmptyState\), but this inner optimizer keeps \(ScaleByAdamState',
+        r'tx.init\(params\)',
+    ),
+    'state of a plain accumulation, to a recipe': (
+        lambda: first_update(
+            optax_gqc.sbc_with_polynomial_schedule(0.1, 1, 2.0, 4.0, 20, 2),
+            state=optax_gqc.sbc(sgd(), 2, 1).init(PARAMS),
+        ),
+        TypeError,
+        'state does not belong to this transformation: its inner state',
+        r'tx.init\(params\)',
+    ),
+    'gradients as Python floats': (
+        lambda: optax_gqc.gnts(sgd(), 0.5).update(
+            {'w': 1.0, 'b': 1.0}, optax_gqc.gnts(sgd(), 0.5).init(PARAMS), PARAMS
+        ),
+        TypeError,
+        r"gradient \['b'\] is a float \(1.0\), not an array",
+        r'jnp.asarray',
+    ),
+    'a bare float as the gradient': (
+        lambda: optax_gqc.sbc(sgd(), 2, 1).update(
+            1.0, optax_gqc.sbc(sgd(), 2, 1).init(jnp.ones(3)), jnp.ones(3)
+        ),
+        TypeError,
+        r'accumulate: the gradient is a float',
+        r'pass arrays',
+    ),
+    'mht with a string loss': (
+        lambda: optax_gqc.mht(sgd(), 0.9, 0.05).update(
+            PARAMS, optax_gqc.mht(sgd(), 0.9, 0.05).init(PARAMS), PARAMS, value='x'
+        ),
+        TypeError,
+        r"value must be the scalar loss of the microbatch, a real number, got str 'x'",
+        r'value=loss',
+    ),
     'gate changing its state': (
         lambda: first_update(
             optax_gqc.accumulate(
@@ -512,12 +621,6 @@ AT_FIRST_TRACE = {
         NameError,
         "axis_name 'data'",
         r'call update inside jax.shard_map',
-    ),
-    'statistics of a plain adam state': (
-        lambda: optax_gqc.statistics(optax.adam(1e-3).init(PARAMS)),
-        ValueError,
-        'statistics',
-        r'Pass the state of an accumulation',
     ),
 }
 
@@ -684,3 +787,69 @@ def test_only_nan_losses_keep_the_loss_gate_closed_until_max_draws():
   out = run_stats(tx, num=3, values=[jnp.nan] * 3)
   assert [int(s['num_steps']) for s in out] == [0, 0, 1]
   assert int(out[-1]['num_forced']) == 1 and int(out[-1]['num_skipped_losses']) == 3
+
+
+# ---------------------------------------------------------------------------
+# Inputs that were silently wrong.
+
+
+def test_float16_gradients_accumulate_in_float32_and_keep_the_params_finite():
+  # Four microbatches of 4e4 sum past float16's 65504; the float32 accumulator
+  # holds them and the mean, 4e4, is a float16 again.
+  params = {'w': jnp.zeros(3, jnp.float16)}
+  tx = optax_gqc.sbc(optax.sgd(1.0), 4, 1)
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for _ in range(4):
+    updates, state = update({'w': jnp.full(3, 4e4, jnp.float16)}, state, params)
+  assert int(state.num_steps) == 1 and int(state.num_skipped) == 0
+  np.testing.assert_array_equal(np.asarray(updates['w'], np.float32), -4e4)
+
+
+def relative_norm_steps(first_zero, num=300, seed=1):
+  tx = optax_gqc.accumulate(optax.sgd(0.1), gates.norm_below(0.5, relative=True), max_draws=64)
+  state = tx.init(PARAMS)
+  update = jax.jit(tx.update)
+  steps = []
+  for i, g in enumerate(grads(num, seed)):
+    if first_zero and i == 0:
+      g = jax.tree.map(jnp.zeros_like, g)
+    _, state = update(g, state, PARAMS)
+    steps.append(int(state.num_steps))
+  return steps, state
+
+
+def test_a_zero_first_microbatch_does_not_hold_the_relative_threshold():
+  # Pure noise: the mean of n microbatches is about 1/sqrt(n) of one, so the
+  # gate opens after about 4. A zero first microbatch used to seed the unit
+  # at 0, step on the zero gradient, then keep the gate shut for hundreds of
+  # microbatches (max_draws forced every step).
+  ref, _ = relative_norm_steps(first_zero=False)
+  steps, state = relative_norm_steps(first_zero=True)
+  assert steps[0] == 0  # no step on the zero gradient
+  assert ref[-1] >= 40
+  assert abs(steps[-1] - ref[-1]) <= 0.1 * ref[-1], (steps[-1], ref[-1])
+  assert int(state.num_forced) <= 2
+
+
+def test_a_relative_threshold_waits_while_every_norm_is_zero():
+  tx = optax_gqc.accumulate(optax.sgd(0.1), gates.norm_below(0.5, relative=True), max_draws=3)
+  zeros = jax.tree.map(jnp.zeros_like, PARAMS)
+  out = []
+  state = tx.init(PARAMS)
+  for _ in range(4):
+    _, state = jax.jit(tx.update)(zeros, state, PARAMS)
+    out.append((int(state.num_steps), int(state.num_forced)))
+  assert out == [(0, 0), (0, 0), (1, 1), (1, 1)]
+
+
+def test_sbc_with_no_max_draws_stops_stepping_on_a_schedule_that_stays_nan():
+  # Documented (docs/robustness.md): nothing forces a step, and only the
+  # counter says why no step comes; a max_draws bounds the wait.
+  batch = lambda t: jnp.where(t < 2, 1.0, jnp.nan)  # noqa: E731
+  out = run_stats(optax_gqc.sbc(optax.sgd(0.1), batch, 1), num=6)
+  assert [int(s['num_steps']) for s in out] == [1, 2, 2, 2, 2, 2]
+  assert int(out[-1]['num_bad_hyperparams']) == 4 and int(out[-1]['num_draws']) == 4
+  out = run_stats(optax_gqc.sbc(optax.sgd(0.1), batch, 1, max_draws=2), num=6)
+  assert [int(s['num_steps']) for s in out] == [1, 2, 2, 3, 3, 4]
+  assert int(out[-1]['num_forced']) == 2

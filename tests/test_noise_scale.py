@@ -194,6 +194,20 @@ def test_standalone_noise_scale_raises_on_gradients_already_summed_by_check_vma(
     jax.jit(run)(jnp.ones((4, 3)))
 
 
+def test_standalone_noise_scale_names_a_bare_array_gradient_already_summed():
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ('data',))
+  tx = optax_gqc.noise_scale(axis_name='data')
+  w = jnp.ones(3)
+
+  def local(x):
+    grads = jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w)
+    return tx.update(grads, tx.init(grads))[1].noise_scale
+
+  run = jax.shard_map(local, mesh=mesh, in_specs=P('data'), out_specs=P())
+  with pytest.raises(ValueError, match=r'the gradient \(a bare array\) does not vary across'):
+    jax.jit(run)(jnp.ones((4, 3)))
+
+
 # Both modes on 8 devices, a few steps: the estimate is the one of the
 # per-device gradients, and their pmean is the global mean gradient.
 CHECK_VMA_SCRIPT = textwrap.dedent("""
