@@ -205,6 +205,11 @@ def main(argv=None) -> int:
   parser.add_argument('--arms', default=None, help='comma-separated subset of the arms')
   parser.add_argument('--evals', type=int, default=4)
   parser.add_argument('--out', default=None, help='folder for <task>.json')
+  parser.add_argument(
+      '--merge',
+      action='store_true',
+      help='add these seeds to the <task>.json already in --out (same arms and grid)',
+  )
   args = parser.parse_args(argv)
   seeds = tuple(int(s) for s in args.seeds.split(','))
   ks = tuple(int(k) for k in args.ks.split(','))
@@ -232,16 +237,23 @@ def main(argv=None) -> int:
         evals=args.evals,
         on_result=progress,
     )
-    result['task'] = name
-    result['note'] = task.note
+    command = 'python benchmarks/suite.py ' + ' '.join(sys.argv[1:] if argv is None else argv)
+    result.update(task=name, note=task.note, commands=[command])
     result['seconds'] = time.perf_counter() - start
-    result['command'] = 'python benchmarks/suite.py ' + ' '.join(
-        sys.argv[1:] if argv is None else argv
-    )
+    path = Path(args.out or '.', f'{name}.json')
+    if args.merge:
+      old = json.loads(path.read_text())
+      result = {
+          **study.merge(old, result),
+          'task': name,
+          'note': task.note,
+          'commands': old.get('commands', [old.get('command')]) + [command],
+          'seconds': old['seconds'] + result['seconds'],
+      }
     print('\n'.join(study.table(result, f'{name}: {task.note}')), flush=True)
     if args.out:
-      Path(args.out).mkdir(parents=True, exist_ok=True)
-      Path(args.out, f'{name}.json').write_text(json.dumps(result, indent=1, default=str))
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(json.dumps(result, indent=1, default=str))
   return 0
 
 

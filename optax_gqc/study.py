@@ -57,11 +57,14 @@ from optax_gqc._recipes import schedule_by_microbatch
 from optax_gqc._student_t import t_quantile
 
 __all__ = [
+    'fixed_batch',
     'frontier_loss_at',
     'frontier_study',
     'lr_schedule',
-    'fixed_batch',
+    'merge',
     'paired_interval',
+    'plot',
+    'summarize',
     'table',
 ]
 
@@ -176,6 +179,43 @@ def _margin(frontier: Sequence[tuple[float, float]], run: dict[str, Any] | None)
   return None if at is None else at - run['val_loss']
 
 
+def _summarize(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  """An arm's per-seed records, and their means and paired intervals."""
+
+  def column(key):
+    return [r[key] for r in per_seed]
+
+  ratios = [r for r in column('step_ratio') if r is not None]
+  return {
+      'per_seed': list(per_seed),
+      'margins': column('margin'),
+      'best_margins': column('best_margin'),
+      'step_ratios': column('step_ratio'),
+      'margin': paired_interval(column('margin')),
+      'best_margin': paired_interval(column('best_margin')),
+      'step_ratio': float(np.mean(ratios)) if ratios else None,
+  }
+
+
+def merge(*results: Mapping[str, Any]) -> dict[str, Any]:
+  """One study from studies of the same task and arms on different seeds (e.g. run apart).
+
+  Args:
+    *results: what :func:`frontier_study` returned (or its JSON, loaded).
+
+  Returns:
+    The study over all their seeds, as :func:`frontier_study` returns it.
+  """
+  first = results[0]
+  for r in results[1:]:
+    for key in ('learning_rates', 'ks', 'microbatches', 'arm_names'):
+      if r[key] != first[key]:
+        raise ValueError(f'merge: the studies differ in {key}: {first[key]} vs {r[key]}')
+  meta = {k: first[k] for k in ('learning_rates', 'ks', 'microbatches', 'arm_names')}
+  meta['seeds'] = [s for r in results for s in r['seeds']]
+  return summarize([run for r in results for run in r['runs']], meta)
+
+
 def _per_seed(value: Any, seed: int) -> Any:
   return value(seed) if callable(value) else value
 
@@ -269,7 +309,7 @@ def frontier_study(
   grid_k = np.repeat(np.asarray(ks, np.int32), lrs.size)
   grid_lr = np.tile(lrs, len(ks))
 
-  runs, frontier, out_arms = [], {}, {name: {} for name in arms}
+  runs = []
   for seed in seeds:
     p0, data, val = (_per_seed(x, seed) for x in (params, microbatches, eval_batches))
 
@@ -289,76 +329,88 @@ def frontier_study(
       }
 
     values = jax.device_get(fixed_program(p0, data, val, grid_lr, grid_k))
-    fixed = [
-        record(f'k={k}', [v[i] for v in values], lr, k)
+    runs += [
+        record('fixed', [v[i] for v in values], lr, k)
         for i, (k, lr) in enumerate(zip(grid_k, grid_lr, strict=True))
     ]
-    runs += fixed
-    best = {}
-    for k in ks:
-      rows = [r for r in fixed if r['k'] == k and math.isfinite(r['val_loss'])]
-      best[k] = min(rows, key=lambda r: r['val_loss']) if rows else None
-    frontier[seed] = {k: r for k, r in best.items() if r is not None}
     if on_result is not None:
-      on_result('frontier', seed, frontier[seed])
-    points = [(r['num_steps'], r['val_loss']) for r in frontier[seed].values()]
-    control = frontier[seed].get(1)
+      on_result('frontier', seed, _frontier(runs, seed))
     for name, prog in programs.items():
       values = jax.device_get(prog(p0, data, val, lrs, np.ones_like(lrs, np.int32)))
-      rows = [record(name, [v[i] for v in values], lr, None) for i, lr in enumerate(lrs)]
-      runs += rows
-      at_control = next((r for r in rows if control and r['lr'] == control['lr']), None)
-      finite = [r for r in rows if math.isfinite(r['val_loss'])]
-      own_best = min(finite, key=lambda r: r['val_loss']) if finite else None
-
-      out_arms[name][seed] = {
-          'margin': _margin(points, at_control),
-          'best_margin': _margin(points, own_best),
-          'val_loss': None if at_control is None else at_control['val_loss'],
-          'steps': None if at_control is None else at_control['num_steps'],
-          'step_ratio': (
-              None
-              if at_control is None or control is None
-              else at_control['num_steps'] / control['num_steps']
-          ),
-          'best_lr': None if own_best is None else own_best['lr'],
-      }
+      runs += [record(name, [v[i] for v in values], lr, None) for i, lr in enumerate(lrs)]
       if on_result is not None:
-        on_result(name, seed, out_arms[name][seed])
+        on_result(name, seed, _arm_on_seed(runs, name, seed))
 
-  summary = {}
-  for name, by_seed in out_arms.items():
-    seeds_done = list(by_seed)
-    summary[name] = {
-        'margins': [by_seed[s]['margin'] for s in seeds_done],
-        'best_margins': [by_seed[s]['best_margin'] for s in seeds_done],
-        'step_ratios': [by_seed[s]['step_ratio'] for s in seeds_done],
-        'val_losses': [by_seed[s]['val_loss'] for s in seeds_done],
-        'best_lrs': [by_seed[s]['best_lr'] for s in seeds_done],
-        'margin': paired_interval([by_seed[s]['margin'] for s in seeds_done]),
-        'best_margin': paired_interval([by_seed[s]['best_margin'] for s in seeds_done]),
-        'step_ratio': float(
-            np.mean(
-                [r for r in (by_seed[s]['step_ratio'] for s in seeds_done) if r is not None]
-                or [np.nan]
-            )
-        ),
-    }
-  return {
-      'seeds': list(seeds),
-      'learning_rates': [float(x) for x in lrs],
-      'ks': list(ks),
-      'microbatches': int(count),
-      'runs': runs,
-      'frontier': {
-          seed: {
-              k: {'lr': r['lr'], 'steps': r['num_steps'], 'val_loss': r['val_loss']}
-              for k, r in f.items()
-          }
-          for seed, f in frontier.items()
+  return summarize(
+      runs,
+      {
+          'seeds': list(seeds),
+          'learning_rates': [float(x) for x in lrs],
+          'ks': list(ks),
+          'microbatches': int(count),
+          'arm_names': list(arms),
       },
-      'arms': summary,
+  )
+
+
+def _frontier(runs: Sequence[Mapping[str, Any]], seed: int) -> dict[int, Mapping[str, Any]]:
+  """Each ``k``'s run at its best rate on ``seed``: the seed's frontier."""
+  best = {}
+  for r in runs:
+    if r['arm'] == 'fixed' and r['seed'] == seed and math.isfinite(r['val_loss']):
+      if r['k'] not in best or r['val_loss'] < best[r['k']]['val_loss']:
+        best[r['k']] = r
+  return dict(sorted(best.items()))
+
+
+def _arm_on_seed(runs: Sequence[Mapping[str, Any]], name: str, seed: int) -> dict[str, Any]:
+  """An adaptive arm on one seed: its margin at the control's best rate and at its own."""
+  frontier = _frontier(runs, seed)
+  points = [(r['num_steps'], r['val_loss']) for r in frontier.values()]
+  control = frontier.get(1)
+  rows = [r for r in runs if r['arm'] == name and r['seed'] == seed]
+  at_control = next((r for r in rows if control and r['lr'] == control['lr']), None)
+  finite = [r for r in rows if math.isfinite(r['val_loss'])]
+  own_best = min(finite, key=lambda r: r['val_loss']) if finite else None
+  return {
+      'seed': seed,
+      'margin': _margin(points, at_control),
+      'best_margin': _margin(points, own_best),
+      'val_loss': None if at_control is None else at_control['val_loss'],
+      'steps': None if at_control is None else at_control['num_steps'],
+      'step_ratio': (
+          None
+          if at_control is None or control is None
+          else at_control['num_steps'] / control['num_steps']
+      ),
+      'best_lr': None if own_best is None else own_best['lr'],
   }
+
+
+def summarize(runs: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Any]:
+  """The study from its runs: each seed's frontier, each arm's margins and intervals.
+
+  Args:
+    runs: the ``runs`` of one or more studies of the same task.
+    meta: ``seeds``, ``learning_rates``, ``ks``, ``microbatches`` and
+      ``arm_names`` (the adaptive arms, in order).
+
+  Returns:
+    What :func:`frontier_study` returns.
+  """
+  seeds = list(meta['seeds'])
+  frontier = {
+      seed: {
+          k: {'lr': r['lr'], 'steps': r['num_steps'], 'val_loss': r['val_loss']}
+          for k, r in _frontier(runs, seed).items()
+      }
+      for seed in seeds
+  }
+  arms = {
+      name: _summarize([_arm_on_seed(runs, name, seed) for seed in seeds])
+      for name in meta['arm_names']
+  }
+  return {**meta, 'runs': list(runs), 'frontier': frontier, 'arms': arms}
 
 
 def _fmt(x: float | None, spec: str = '+.3f') -> str:
@@ -377,6 +429,7 @@ def table(result: Mapping[str, Any], title: str = '') -> list[str]:
   ks = result['ks']
   lines.append('frontier (val loss at best lr / lr):  ' + '  '.join(f'k={k}' for k in ks))
   for seed, f in result['frontier'].items():
+    f = {int(k): v for k, v in f.items()}  # JSON keys are strings
     cells = [f"{f[k]['val_loss']:.4f}/{f[k]['lr']:.2g}" if k in f else '-' for k in ks]
     lines.append(f'  seed {seed}: ' + '  '.join(cells))
   lines.append(
@@ -391,3 +444,54 @@ def table(result: Mapping[str, Any], title: str = '') -> list[str]:
         f"{_fmt(b['mean']):>18s} {_fmt(a['step_ratio'], '.2f') + 'x':>6s}"
     )
   return lines
+
+
+def plot(
+    result: Mapping[str, Any], ax: Any = None, title: str = '', arms: Sequence[str] | None = None
+) -> Any:
+  """Draws the study on a matplotlib axis: each seed's frontier and where each arm lands.
+
+  Every seed's frontier is a thin line of validation loss against optimizer
+  steps (log scale), each adaptive arm a marker per seed at the control's
+  rate; an arm below its seed's line did better than a fixed batch with as
+  many steps. Needs matplotlib.
+
+  Args:
+    result: what :func:`frontier_study` returned.
+    ax: the axis to draw on; a new figure's by default.
+    title: the axis title.
+    arms: the arms to draw; all by default.
+
+  Returns:
+    The axis.
+  """
+  import matplotlib.pyplot as plt  # noqa: PLC0415 -- optional
+
+  if ax is None:
+    _, ax = plt.subplots(figsize=(6, 4))
+  colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
+  for i, frontier in enumerate(result['frontier'].values()):
+    points = sorted((f['steps'], f['val_loss']) for f in frontier.values())
+    ax.plot(
+        *zip(*points, strict=True),
+        color='0.4',
+        lw=1,
+        marker='.',
+        label='fixed k' if i == 0 else None,
+    )
+  runs = result['runs']
+  for j, name in enumerate(result['arms'] if arms is None else arms):
+    xs, ys = [], []
+    for seed, frontier in result['frontier'].items():
+      lr = {int(k): v for k, v in frontier.items()}.get(1, {}).get('lr')  # JSON: str keys
+      for r in runs:
+        if r['arm'] == name and r['seed'] == int(seed) and r['lr'] == lr:
+          xs.append(r['num_steps'])
+          ys.append(r['val_loss'])
+    ax.scatter(xs, ys, color=colors[j % len(colors)], zorder=3, label=name, s=18)
+  ax.set_xscale('log')
+  ax.set_xlabel('optimizer steps (same tokens)')
+  ax.set_ylabel('validation loss')
+  ax.set_title(title)
+  ax.legend(fontsize=7)
+  return ax
