@@ -1,0 +1,150 @@
+"""The frontier study: its protocol on a small regression, and its arithmetic."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+
+import optax_gqc
+from optax_gqc import study
+
+
+def loss_fn(w, batch):
+  x, y = batch
+  return jnp.mean((x @ w - y) ** 2)
+
+
+def data(seed, count=96, size=2):
+  kx, kn = jax.random.split(jax.random.key(seed))
+  x = jax.random.normal(kx, (count, size, 4))
+  return x, x @ jnp.arange(1.0, 5.0) + jax.random.normal(kn, (count, size))
+
+
+ARMS = {
+    'gnts': optax_gqc.gnts,
+    'relative': functools.partial(optax_gqc.gnts, ratio=0.5),
+}
+
+
+def run(seeds):
+  return study.frontier_study(
+      loss_fn,
+      lambda seed: jnp.zeros(4),
+      data,
+      eval_batches=data(99, 2, 64),
+      arms=ARMS,
+      learning_rates=(0.03, 0.1, 0.3),
+      ks=(1, 2, 4),
+      seeds=seeds,
+      evals=2,
+  )
+
+
+@pytest.fixture(scope='module')
+def two_seeds():  # slow: compiles and trains three programs
+  return run((0, 1))
+
+
+@pytest.mark.slow
+def test_frontier_is_each_k_at_its_best_rate_on_each_seed(two_seeds):
+  for seed in (0, 1):
+    for k in (1, 2, 4):
+      runs = [r for r in two_seeds['runs'] if r['arm'] == 'fixed' and r['seed'] == seed]
+      runs = [r for r in runs if r['k'] == k]
+      assert len(runs) == 3  # one per rate
+      assert all(r['num_steps'] == 96 // k for r in runs)
+      best = min(runs, key=lambda r: r['val_loss'])
+      assert two_seeds['frontier'][seed][k] == {
+          'lr': best['lr'],
+          'steps': best['num_steps'],
+          'val_loss': best['val_loss'],
+      }
+
+
+@pytest.mark.slow
+def test_margins_are_against_each_seeds_own_frontier_at_the_controls_rate(two_seeds):
+  for name in ARMS:
+    arm = two_seeds['arms'][name]
+    for seed, margin in zip((0, 1), arm['margins'], strict=True):
+      frontier = two_seeds['frontier'][seed]
+      at = next(
+          r
+          for r in two_seeds['runs']
+          if r['arm'] == name and r['seed'] == seed and r['lr'] == frontier[1]['lr']
+      )
+      points = [(f['steps'], f['val_loss']) for f in frontier.values()]
+      expected = study.frontier_loss_at(points, at['num_steps'])
+      if expected is None:
+        assert margin is None
+      else:
+        assert margin == pytest.approx(expected - at['val_loss'])
+    assert arm['margin']['n'] == sum(m is not None for m in arm['margins'])
+
+
+@pytest.mark.slow
+def test_the_default_arm_steps_at_most_every_second_microbatch(two_seeds):
+  runs = [r for r in two_seeds['runs'] if r['arm'] == 'gnts']
+  assert all(r['num_steps'] <= 48 for r in runs)
+  assert all(math.isfinite(r['val_loss']) for r in runs)
+
+
+@pytest.mark.slow
+def test_merge_of_seeds_run_apart_is_the_study_of_both(two_seeds):
+  merged = study.merge(run((0,)), run((1,)))
+  assert merged['seeds'] == [0, 1]
+  assert merged['frontier'] == two_seeds['frontier']
+  for name in ARMS:
+    assert merged['arms'][name]['margins'] == two_seeds['arms'][name]['margins']
+  lines = study.table(merged, 'title')
+  assert lines[0] == 'title' and any(line.startswith('gnts') for line in lines)
+
+
+def test_frontier_loss_at_is_linear_in_log_steps():
+  frontier = [(100, 2.0), (25, 3.0), (50, 2.5)]
+  assert study.frontier_loss_at(frontier, 50) == 2.5
+  assert study.frontier_loss_at(frontier, math.sqrt(50 * 100)) == pytest.approx(2.25)
+  assert study.frontier_loss_at(frontier, 20) is None  # no extrapolation
+  assert study.frontier_loss_at(frontier, 101) is None
+
+
+def test_paired_interval_is_the_t_interval_of_the_mean():
+  values = [0.01, -0.02, 0.03, None, 0.015]
+  got = study.paired_interval(values)
+  v = np.array([0.01, -0.02, 0.03, 0.015])
+  half = scipy.stats.t.ppf(0.975, 3) * v.std(ddof=1) / 2
+  assert got['n'] == 4 and got['min'] == pytest.approx(-0.02)
+  assert got['mean'] == pytest.approx(v.mean())
+  assert got['low'] == pytest.approx(v.mean() - half, rel=1e-5)
+  assert got['high'] == pytest.approx(v.mean() + half, rel=1e-5)
+  assert study.paired_interval([0.1])['low'] is None
+  assert study.paired_interval([None])['mean'] is None
+
+
+@pytest.mark.parametrize(
+    'kwargs, match',
+    [
+        ({'learning_rates': ()}, 'learning_rates'),
+        ({'ks': (2, 4)}, 'include 1'),
+        ({'seeds': ()}, 'seeds'),
+        ({'evals': 60}, 'too few'),
+    ],
+)
+def test_frontier_study_rejects_bad_arguments(kwargs, match):
+  args = {'learning_rates': (0.1,), 'ks': (1, 2), 'seeds': (0,), 'evals': 2, **kwargs}
+  with pytest.raises(ValueError, match=match):
+    study.frontier_study(
+        loss_fn, jnp.zeros(4), data(0), eval_batches=data(9, 2, 8), arms={}, **args
+    )
+
+
+def test_lr_schedule_warms_up_then_decays_to_its_final_fraction():
+  schedule = study.lr_schedule(0.5, 100, warmup=0.1, final=0.2)
+  assert float(schedule(0)) == 0.0
+  assert float(schedule(10)) == pytest.approx(0.5)
+  assert float(schedule(100)) == pytest.approx(0.1)
+  # under jit, with a traced peak
+  assert float(jax.jit(lambda p: study.lr_schedule(p, 100)(5))(1.0)) == pytest.approx(1.0)
