@@ -197,6 +197,67 @@ def arms() -> dict[str, study.Arm]:
   }
 
 
+# The targets for the default arm ('gnts'), per task: see docs/study.md.
+MIN_MEAN_MARGIN = 0.0  # mean margin over seeds, on every task
+MIN_SEED_MARGIN = -0.01  # no seed below, on every task
+MIN_TASKS_BELOW = 2  # tasks whose paired 95% interval lies above 0
+MAX_STEP_RATIO = 0.5  # optimizer steps over the control's, on every task
+REPORT_ARMS = ('gnts', 'relative', 'relative-sqrt')
+
+
+def _cell(a):
+  m = a['margin']
+  if m['mean'] is None:
+    return '-'
+  interval = '' if m['low'] is None else f" [{m['low']:+.3f}, {m['high']:+.3f}]"
+  return f"{m['mean']:+.3f}{interval}"
+
+
+def report(out: Path, tasks) -> int:
+  """The suite's table (suite.md), figure (suite.png) and targets, from the saved studies."""
+  results = {t: json.loads(Path(out, f'{t}.json').read_text()) for t in tasks}
+  lines = [
+      '| task | seeds | `gnts` margin [95% interval] | worst seed | steps vs control '
+      '| `gnts(ratio=0.5)` (0.1.0) | `gnts(ratio=0.5, scale_by_draws=sqrt)` |',
+      '| --- | --- | --- | --- | --- | --- | --- |',
+  ]
+  checks = {}
+  below = 0
+  for t, r in results.items():
+    a = r['arms']['gnts']
+    m = a['margin']
+    lines.append(
+        f"| `{t}` | {len(r['seeds'])} | {_cell(a)} | {m['min']:+.3f} | {a['step_ratio']:.2f}x | "
+        + ' | '.join(_cell(r['arms'][x]) if x in r['arms'] else '-' for x in REPORT_ARMS[1:])
+        + ' |'
+    )
+    checks[f'{t}: mean margin >= {MIN_MEAN_MARGIN}'] = m['mean'] >= MIN_MEAN_MARGIN
+    checks[f'{t}: every seed >= {MIN_SEED_MARGIN}'] = m['min'] >= MIN_SEED_MARGIN
+    checks[f'{t}: steps <= {MAX_STEP_RATIO}x the control'] = a['step_ratio'] <= MAX_STEP_RATIO
+    below += m['low'] is not None and m['low'] > 0
+  checks[f'>= {MIN_TASKS_BELOW} tasks below the frontier (interval above 0)'] = (
+      below >= MIN_TASKS_BELOW
+  )
+  Path(out, 'suite.md').write_text('\n'.join(lines) + '\n')
+  print('\n'.join(lines))
+  for name, ok in checks.items():
+    print(f"{'PASS' if ok else 'MISS'}  {name}")
+  try:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+  except ImportError:
+    print('matplotlib is not installed: no figure')
+  else:
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.6))
+    for ax, (t, r) in zip(np.atleast_1d(axes), results.items(), strict=True):
+      study.plot(r, ax, t, arms=[x for x in REPORT_ARMS if x in r['arms']])
+    fig.tight_layout()
+    fig.savefig(Path(out, 'suite.png'), dpi=90)
+  return 0 if all(checks.values()) else 1
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--tasks', default='teacher,digits,lm,lm-small')
@@ -210,7 +271,14 @@ def main(argv=None) -> int:
       action='store_true',
       help='add these seeds to the <task>.json already in --out (same arms and grid)',
   )
+  parser.add_argument(
+      '--report',
+      action='store_true',
+      help='no training: the table, figure and targets from the <task>.json in --out',
+  )
   args = parser.parse_args(argv)
+  if args.report:
+    return report(Path(args.out or '.'), args.tasks.split(','))
   seeds = tuple(int(s) for s in args.seeds.split(','))
   ks = tuple(int(k) for k in args.ks.split(','))
   all_arms = arms()

@@ -39,7 +39,7 @@ from optax_gqc._scale_to_norm import ScaleToNormState, scale_to_norm
 from optax_gqc._sgd_sai import ScaleByGsnrState, SgdSaiMomentumState, scale_by_gsnr, sgd_sai
 from optax_gqc.gates import DrawStats, Gate
 
-__version__ = '0.1.0'
+__version__ = '0.2.0'
 
 __all__ = [
     'AccumulateState',

@@ -221,9 +221,11 @@ def test_verdict_margin_position_and_the_control_bar():
   for name in ('few', 'many'):
     assert v[name]['position'] == 'outside' and v[name]['margin'] is None
   assert not v['many']['near_control']  # better loss, but more steps than 0.6x
-  line = demo.verdict_line(v)
-  assert line.count(';') == 3 and 'better' in line and 'below the frontier' in line
-  assert 'outside the frontier' in line and 'meets' in line and 'misses' in line
+  lines = demo.verdict_line(v).splitlines()
+  assert len(lines) == 5 and 'nats, + is better' in lines[0]  # a heading, one line per arm
+  assert lines[1].startswith('  better: below the frontier') and 'margin +0.' in lines[1]
+  assert lines[2].startswith('  worse: above the frontier') and 'margin -0.100' in lines[2]
+  assert 'outside the frontier' in lines[3] and 'meets' in lines[1] and 'misses' in lines[2]
 
 
 def test_verdict_near_control_bar_is_inclusive_at_its_edges():
@@ -235,7 +237,10 @@ def test_verdict_near_control_bar_is_inclusive_at_its_edges():
 
 def test_below_the_frontier_needs_a_margin_beyond_the_seed_spread():
   arm = {'a': (500, 1.87)}  # 0.03 below the frontier
-  assert demo.verdict(FRONTIER, arm, None)['a']['position'] == 'below'
+  one_seed = demo.verdict(FRONTIER, arm, None)['a']  # within one seed's noise
+  assert one_seed['position'] == 'on' and demo.ONE_SEED_NOISE >= 0.03
+  assert "within one seed's noise" in demo.verdict_line({'a': one_seed})
+  assert demo.verdict(FRONTIER, {'b': (500, 1.85)}, None)['b']['position'] == 'below'
   assert demo.verdict(FRONTIER, arm, None, spread=0.02)['a']['position'] == 'below'
   within = demo.verdict(FRONTIER, arm, None, spread=0.05)['a']
   assert within['position'] == 'on' and within['margin'] == pytest.approx(0.03)
