@@ -107,6 +107,7 @@ FEW_STEPS_RATIO = 0.6
 DEFAULT_TOKENS = 400_000
 # --quick: these defaults, for the flags not given on the command line.
 QUICK = {
+    'out': './gqc-demo-quick-out',  # never the main job's folder
     'arms': ('control', 'fixed2', 'fixed4', 'critical'),
     'tokens': 40_000,
     'corpus_bytes': 400_000,
@@ -116,6 +117,12 @@ QUICK = {
     'evals': 4,
 }
 STUDY_SEEDS = (0, 1)
+MIN_CONTEXT = 4  # bytes per sequence: a shorter window gives attention next to nothing to read
+# The microbatches are sampled before training, about 9 bytes per token (int64 window
+# starts and the uint8 bytes): --tokens is refused where that would pass this share of
+# the machine's memory.
+MAX_MEMORY_SHARE = 0.25
+BYTES_PER_TOKEN = 9
 VAL_BATCHES, VAL_SEQUENCES = 8, 32  # the validation windows, the same for every seed
 VAL_SEED = 12345
 MIN_MICROBATCHES = max(ARMS[a]['k'] for a in FRONTIER)  # so that every fixed arm steps
@@ -999,7 +1006,13 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
   add(
       '--microbatch', metavar='N', type=_int_at_least(1), default=8, help='sequences per microbatch'
   )
-  add('--context', metavar='N', type=_int_at_least(1), default=64, help='bytes per sequence')
+  add(
+      '--context',
+      metavar='N',
+      type=_int_at_least(MIN_CONTEXT),
+      default=64,
+      help='bytes per sequence',
+  )
   add('--dim', metavar='N', type=_int_at_least(1), default=96, help='model width')
   add('--layers', metavar='N', type=_int_at_least(1), default=3, help='transformer blocks')
   add(
@@ -1106,7 +1119,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         setattr(args, dest, value)
   if args.study and 'seeds' not in given:
     args.seeds = STUDY_SEEDS
-  if args.study and 'arms' not in given and not args.quick:
+  if args.study and args.quick:
+    parser.error(
+        'argument --study: not with --quick (a study of the tiny model says nothing); run '
+        '--study alone, or --quick with --seeds 0,1 for a quick look at two seeds'
+    )
+  if args.study and 'arms' not in given:
     args.arms = tuple(ARMS)
   if args.sizes is None:
     args.sizes = ((args.dim, args.layers),)
@@ -1130,6 +1148,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f'microbatches of {args.microbatch} x {args.context}; need at least {need} '
         f'(--evals, and {MIN_MICROBATCHES} so that every fixed arm steps)'
     )
+  memory = _memory_bytes()
+  if memory and args.tokens * BYTES_PER_TOKEN > MAX_MEMORY_SHARE * memory:
+    parser.error(
+        f'argument --tokens: {args.tokens} tokens per arm take about '
+        f'{args.tokens * BYTES_PER_TOKEN / 2**30:.1f} GiB before training (the microbatches '
+        f"are sampled up front), over {MAX_MEMORY_SHARE:.0%} of this machine's "
+        f'{memory / 2**30:.0f} GiB: pass at most '
+        f'{int(MAX_MEMORY_SHARE * memory / BYTES_PER_TOKEN)}'
+    )
   min_bytes = 10 * (args.context + 2)  # the held-out 10% must hold a window
   if args.data is None:
     available = len(stdlib_corpus(args.corpus_bytes)[0])
@@ -1146,6 +1173,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   if problem:
     parser.error(f'argument --out: {problem}')
   return args
+
+
+def _memory_bytes() -> int | None:
+  """This machine's physical memory, or None where the OS does not say."""
+  try:
+    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  except (ValueError, OSError, AttributeError):
+    return None
 
 
 def _data_problem(path: Path, min_bytes: int) -> str | None:

@@ -163,8 +163,8 @@ def test_plan_cuts_the_budget_into_equal_blocks_evaluated_at_block_ends():
 def test_study_runs_every_seed_and_writes_its_summary(quick, tmp_path):
   payload = demo.main(
       [
-          '--study',
-          '--quick',
+          '--study',  # at --quick's settings (--quick --study is refused)
+          *('--tokens', '40000', '--corpus-bytes', '400000', '--context', '32', '--evals', '4'),
           '--no-progress',
           '--sizes',
           '32x1',
@@ -318,6 +318,9 @@ BAD_INPUTS = [
     (['--tokens', '100'], '--tokens'),
     (['--tokens', 'many'], '--tokens'),
     (['--context', '0'], '--context'),
+    (['--context', '1'], '--context'),
+    (['--quick', '--study'], '--study'),
+    (['--tokens', str(10**15)], '--tokens'),
     (['--weight-decay', '-0.1'], '--weight-decay'),
     (['--corpus-bytes', '10'], '--corpus-bytes'),
     (['--arms', 'control,sgd'], '--arms'),
@@ -397,9 +400,18 @@ def test_help_lists_every_flag_with_help_default_and_choices(capsys):
   assert exit_info.value.code == 0
   text = ' '.join(capsys.readouterr().out.split())
   assert text.startswith('usage: python -m optax_gqc.demo')
-  assert 'choices: control, fixed2, fixed3, fixed4, fixed8, critical, gnts, seesaw, warmup' in text
+  assert (
+      'choices: control, fixed2, fixed3, fixed4, fixed8, critical, gnts, relative, seesaw, warmup'
+      in text
+  )
   for default in (demo.DEFAULT_TOKENS, 0.0042, './gqc-demo-out'):
     assert f'(default: {default})' in text
+
+
+def test_quick_writes_to_its_own_folder_unless_told():
+  assert demo.parse_args(['--quick']).out == './gqc-demo-quick-out'
+  assert demo.parse_args([]).out == './gqc-demo-out'
+  assert demo.parse_args(['--quick', '--out', 'here']).out == 'here'
 
 
 def test_ctrl_c_keeps_the_arms_that_finished(quick, tmp_path, monkeypatch, capsys):
