@@ -203,3 +203,34 @@ def test_sgd_sai_exit_status_is_that_of_the_targets(load, monkeypatch, capsys, s
   monkeypatch.setattr(sys, 'argv', ['sgd_sai.py', '--params', '1024'])
   assert bench.main() == status
   assert capsys.readouterr().out.count('FAIL') == status
+
+
+@pytest.mark.slow
+def test_suite_runs_a_task_and_its_report_exits_on_the_targets(load, tmp_path, capsys):
+  suite = load('suite')
+  argv = ['--tasks', 'teacher', '--seeds', '0', '--ks', '1,2', '--arms', 'gnts,relative']
+  assert suite.main([*argv, '--evals', '2', '--out', str(tmp_path)]) == 0
+  saved = json.loads((tmp_path / 'teacher.json').read_text())
+  assert saved['commands'] and sorted(saved['arms']) == ['gnts', 'relative']
+  assert {r['k'] for r in saved['runs'] if r['arm'] == 'fixed'} == {1, 2}
+  assert 'teacher: student MLP' in capsys.readouterr().out
+
+  # The report's exit status is its targets': met by hand-made margins, then missed.
+  from optax_gqc import study
+
+  def fake(margins, ratio):
+    per_seed = [
+        {'seed': i, 'margin': m, 'best_margin': m, 'step_ratio': ratio}
+        for i, m in enumerate(margins)
+    ]
+    arm = study._summarize(per_seed)
+    return {'seeds': list(range(len(margins))), 'arms': {'gnts': arm}, 'frontier': {}, 'runs': []}
+
+  good = {'a': fake([0.03, 0.04, 0.05], 0.3), 'b': fake([0.01, 0.02, 0.015], 0.4)}
+  for name, r in good.items():
+    (tmp_path / f'{name}.json').write_text(json.dumps(r))
+  assert suite.report(tmp_path, ['a', 'b']) == 0
+  (tmp_path / 'b.json').write_text(json.dumps(fake([0.01, -0.02, 0.015], 0.4)))
+  assert suite.report(tmp_path, ['a', 'b']) == 1
+  assert 'MISS  b: every seed >= -0.01' in capsys.readouterr().out
+  assert (tmp_path / 'suite.md').read_text().startswith('| task | seeds |')
