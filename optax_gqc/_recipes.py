@@ -233,6 +233,7 @@ _ENGINE_ARGS = (
     'microbatch_size',
     'accumulator_dtype',
     'skip_nonfinite',
+    'scale_by_draws',
     'axis_name',
 )
 # The arguments every recipe reads itself; any other is one of its numbers, >= 0.
@@ -326,6 +327,7 @@ def gnts_with_cosine_schedule(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -356,6 +358,8 @@ def gnts_with_cosine_schedule(
     accumulator_dtype: dtype of the accumulator; None as in
       :func:`optax_gqc.accumulate`.
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
+    scale_by_draws: multiplies each step by a function of the microbatches it
+      averaged (e.g. ``jnp.sqrt``); None, torch-gqc's behaviour, by default.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: further arguments of ``optimizer``.
@@ -395,6 +399,7 @@ def gnts_with_cosine_schedule_conventional_lr(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -487,6 +492,7 @@ def sbc_with_polynomial_schedule(
     weight_decay: float | None = 0.01,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -518,6 +524,8 @@ def sbc_with_polynomial_schedule(
     accumulator_dtype: dtype of the accumulator; None as in
       :func:`optax_gqc.accumulate`.
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
+    scale_by_draws: multiplies each step by a function of the microbatches it
+      averaged (e.g. ``jnp.sqrt``); None, torch-gqc's behaviour, by default.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: further arguments of ``optimizer``.
@@ -547,6 +555,7 @@ def sbc_with_polynomial_schedule_conventional_lr(
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -579,6 +588,7 @@ def gns_with_cosine_schedule(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -603,6 +613,8 @@ def gns_with_cosine_schedule(
     accumulator_dtype: dtype of the accumulator; None as in
       :func:`optax_gqc.accumulate`.
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
+    scale_by_draws: multiplies each step by a function of the microbatches it
+      averaged (e.g. ``jnp.sqrt``); None, torch-gqc's behaviour, by default.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: further arguments of ``optimizer``.
@@ -629,6 +641,7 @@ def gns_default(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -657,6 +670,7 @@ def mht_with_warmup_schedule(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -681,6 +695,8 @@ def mht_with_warmup_schedule(
     accumulator_dtype: dtype of the accumulator; None as in
       :func:`optax_gqc.accumulate`.
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
+    scale_by_draws: multiplies each step by a function of the microbatches it
+      averaged (e.g. ``jnp.sqrt``); None, torch-gqc's behaviour, by default.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
     **optimizer_kwargs: further arguments of ``optimizer``.

@@ -191,6 +191,23 @@ def test_recipes_forward_the_engine_arguments(name):
   assert int(optax_gqc.statistics(state)['num_skipped']) == 0  # skip_nonfinite=False
 
 
+@pytest.mark.parametrize('name', sorted(accumulation_recipes()))
+def test_recipes_scale_their_steps_by_draws_when_asked(name):
+  # Forced steps of 2 microbatches (max_draws=2): scale_by_draws=lambda n: 0 * n
+  # zeroes every update, None (the default) leaves them as they are.
+  grads = {'w': jnp.full(6, 1.0)}
+  params = {'w': jnp.zeros(6)}
+  for scale, moved in ((None, True), (lambda n: 0 * n, False)):
+    tx = accumulation_recipes(max_draws=2, scale_by_draws=scale)[name]
+    state = tx.init(params)
+    total = jnp.zeros(6)
+    for _ in range(4):
+      updates, state = jax.jit(tx.update)(grads, state, params, value=1.0)
+      total = total + updates['w']
+    assert int(state.num_steps) >= 1
+    assert bool(jnp.any(total != 0)) == moved, scale
+
+
 def bf16_recipes():
   return {
       **accumulation_recipes(),
