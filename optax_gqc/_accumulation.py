@@ -395,12 +395,13 @@ def accumulate(
     _check_global_decision(grad_sq, step)
 
     grad_dtypes = jax.tree.map(lambda g: g.dtype, updates)
-    out_shape, _ = jax.eval_shape(
-        functools.partial(_inner_update, inner, extra_args),
-        updates,
-        state.inner_state,
-        params,
-    )
+    if not apply:  # the zero updates' shapes: a second trace of inner, so only here
+      out_shape, _ = jax.eval_shape(
+          functools.partial(_inner_update, inner, extra_args),
+          updates,
+          state.inner_state,
+          params,
+      )
 
     # The large buffers are operands, not closures: the step branch only reads
     # the accumulator and updates the inner state (and the params) in place;
