@@ -464,12 +464,13 @@ def accumulate(
     _check_global_decision(grad_sq, step)
 
     grad_dtypes = jax.tree.map(lambda g: g.dtype, updates)
-    out_shape, _ = jax.eval_shape(
-        functools.partial(_inner_update, inner, extra_args),
-        updates,
-        state.inner_state,
-        params,
-    )
+    if not apply:  # the zero updates' shapes: a second trace of inner, so only here
+      out_shape, _ = jax.eval_shape(
+          functools.partial(_inner_update, inner, extra_args),
+          updates,
+          state.inner_state,
+          params,
+      )
 
     # The large buffers are operands, not closures: the step branch only reads
     # the accumulator and updates the inner state (and the params) in place;
@@ -486,26 +487,30 @@ def accumulate(
       if apply:
         # n < 0 is a zero the compiler cannot see: see _numerics.rounded.
         new_updates = rounded(new_updates, (n < 0).astype(jnp.int32))
-        return optax.apply_updates(params, new_updates), new_state
-      return new_updates, new_state
+        return optax.apply_updates(params, new_updates), new_state, jnp.asarray(True)
+      return new_updates, new_state, jnp.asarray(True)
 
     def do_accumulate(accumulator, inner_state, params):
       del accumulator
-      return (params if apply else optax.tree.zeros_like(out_shape)), inner_state
+      out = params if apply else optax.tree.zeros_like(out_shape)
+      return out, inner_state, jnp.asarray(False)
 
-    out, inner_state = jax.lax.cond(
+    # The scalars below read the decision back from the cond (`stepped`, equal
+    # to `step`): XLA would otherwise copy the gate's arithmetic into each of
+    # the dozen small programs that compute them.
+    out, inner_state, stepped = jax.lax.cond(
         step, do_step, do_accumulate, accumulator, state.inner_state, params
     )
 
     def pick(on_step, on_accumulate, on_reject):
-      return jnp.where(step, on_step, jnp.where(ok, on_accumulate, on_reject))
+      return jnp.where(stepped, on_step, jnp.where(ok, on_accumulate, on_reject))
 
     # The noise-scale estimates of this step, in microbatches, folded into
     # their EMAs on a step that averaged n >= 2 microbatches.
     grad_sq_est, trace_est = noise_scale_estimates(
         1.0, stats.sum_sq_norms / n, n, jnp.square(acc_norm)
     )
-    fold = step & (n >= 2) & decay_ok
+    fold = stepped & (n >= 2) & decay_ok
 
     def ema(old, new):
       return jnp.where(fold, noise_decay * old + (1.0 - noise_decay) * new, old)
@@ -514,7 +519,7 @@ def accumulate(
     new_state = AccumulateState(
         num_draws=pick(0, n, state.num_draws),
         num_batches=pick(state.num_batches + 1, state.num_batches + 1, state.num_batches),
-        num_steps=state.num_steps + step,
+        num_steps=state.num_steps + stepped,
         num_skipped=state.num_skipped + ~ok,
         num_forced=state.num_forced + forced,
         num_bad_hyperparams=state.num_bad_hyperparams + (ok & ~(draws_ok & decay_ok)),

@@ -34,7 +34,14 @@ def tracks_varying(axes: tuple[Any, ...]) -> bool:
 
 
 def _sum_sq(leaves: list[Any]) -> jax.Array:
-  return sum((jnp.sum(_sq_abs(x)) for x in leaves), start=jnp.zeros([], jnp.float32))
+  # One reduction over the per-leaf sums, not a chain of scalar adds: XLA
+  # copies a chain of cheap scalar ops into every fusion that reads its
+  # result, which makes the program grow as leaves times consumers.
+  if not leaves:
+    return jnp.zeros([], jnp.float32)
+  # abs is the identity on these sums (non-negative, or NaN, or +inf), and
+  # keeps XLA from rewriting the sum of the stacked sums back into a chain.
+  return jnp.sum(jnp.abs(jnp.stack([jnp.sum(_sq_abs(x)) for x in leaves])))
 
 
 def sq_norm(tree: Any, axis_name: Any = None) -> jax.Array:

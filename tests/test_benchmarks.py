@@ -234,3 +234,103 @@ def test_suite_runs_a_task_and_its_report_exits_on_the_targets(load, tmp_path, c
   assert suite.report(tmp_path, ['a', 'b']) == 1
   assert 'MISS  b: every seed >= -0.01' in capsys.readouterr().out
   assert (tmp_path / 'suite.md').read_text().startswith('| task | seeds |')
+
+
+def compile_result(total_s):
+  return {
+      'trace_s': total_s / 4,
+      'compile_s': 3 * total_s / 4,
+      'total_s': total_s,
+      'instructions': 100,
+      'fusions': 10,
+      'conditionals': 1,
+  }
+
+
+# Trace+compile seconds that meet every target of benchmarks/compile.py, at one depth.
+COMPILE_MET = {
+    'adamw': 1.0,
+    'multisteps': 1.3,
+    'sbc': 1.5,
+    'gnts': 1.4,
+    'gnts_fused': 1.45,
+    'critical': 1.6,
+    'noise_ratio': 1.65,
+}
+
+
+@pytest.mark.parametrize(
+    'name, total_s, target',
+    [
+        ('gnts', 1.51, '8 leaves: gnts <= 1.5x adamw'),
+        ('gnts_fused', 1.55, '8 leaves: gnts_fused <= 1.5x adamw'),
+        ('sbc', 1.7, '8 leaves: sbc <= 1.2x gnts'),
+        ('critical', 1.7, '8 leaves: critical <= 1.2x gnts'),
+        ('noise_ratio', 1.7, '8 leaves: noise_ratio <= 1.2x gnts'),
+    ],
+)
+def test_compile_each_target_fails_alone(load, name, total_s, target):
+  bench = load('compile')
+  assert set(COMPILE_MET) == set(bench.LABELS)
+  met = {8: {k: compile_result(s) for k, s in COMPILE_MET.items()}}
+  assert all(bench.evaluate_targets(met).values())
+  missed = {8: {**met[8], name: compile_result(total_s)}}
+  targets = bench.evaluate_targets(missed)
+  assert [t for t, ok in targets.items() if not ok] == [target]
+
+
+def test_compile_counts_the_optimized_program(load):
+  bench = load('compile')
+  text = (
+      'HloModule m\n\n'
+      'fused_computation {\n'
+      '  p = f32[4]{0} parameter(0)\n'
+      '  ROOT t = f32[4]{0} tanh(p)\n'
+      '}\n\n'
+      'ENTRY main {\n'
+      '  %a = f32[4]{0} parameter(0)\n'
+      '  f = f32[4]{0} fusion(a), kind=kLoop, calls=fused_computation\n'
+      '  ROOT c = f32[4]{0} conditional(pred, f, f), branch_computations={b0, b1}\n'
+      '}\n'
+  )
+  assert bench.hlo_size(text) == {'instructions': 5, 'fusions': 1, 'conditionals': 1}
+
+
+@pytest.mark.parametrize('gnts_s, status', [(1.4, 0), (1.6, 1)])
+def test_compile_exit_status_is_that_of_the_targets(
+    load, monkeypatch, capsys, tmp_path, gnts_s, status
+):
+  bench = load('compile')
+  met = {k: compile_result(s) for k, s in COMPILE_MET.items()}
+  met['gnts'] = compile_result(gnts_s)
+
+  def fake_measure(names, leaves, rounds):
+    return {n: {name: met[name] for name in names} for n in leaves}
+
+  monkeypatch.setattr(bench, 'measure', fake_measure)
+  path = tmp_path / 'out.json'
+  assert bench.main(['--leaves', '8', '32', '--json', str(path)]) == status
+  out = capsys.readouterr().out
+  assert all(label in out for label in bench.LABELS.values())
+  assert out.count('FAIL') == 2 * status  # 1.6 s misses gnts <= 1.5x adamw at both depths
+  data = json.loads(path.read_text())
+  assert set(data['results']) == {'8', '32'}
+  assert len(data['targets']) == 2 * 5
+  with pytest.raises(SystemExit):
+    bench.main(['--leaves', '7'])
+
+
+@pytest.mark.slow
+def test_compile_runs_on_a_tiny_model(load, tmp_path, capsys):
+  bench = load('compile')
+  path = tmp_path / 'out.json'
+  status = bench.main(['--leaves', '2', '--rounds', '1', '--json', str(path)])
+  data = json.loads(path.read_text())
+  assert status == (0 if all(data['targets'].values()) else 1)
+  (results,) = data['results'].values()
+  assert set(results) == set(bench.LABELS)
+  for name, r in results.items():
+    assert r['trace_s'] > 0 and r['compile_s'] > 0 and r['instructions'] > r['fusions'] > 0
+    assert r['conditionals'] == (0 if name in ('adamw', 'multisteps') else 1), name
+  out = capsys.readouterr().out
+  assert out.count('PASS') + out.count('FAIL') == len(data['targets']) == 5

@@ -8,6 +8,7 @@ work (complex, float64, bf16 with float32 gradients) are tested in
 test_accumulation_dtypes.py.
 """
 
+import functools
 import re
 
 import jax
@@ -654,11 +655,6 @@ def test_misuse_raises_naming_the_argument_and_the_fix(case):
 # num_forced) and counts in num_bad_hyperparams.
 
 
-def constant(v):
-  """A schedule that returns ``v``: out of its domain, it reaches the gate at run time."""
-  return lambda t: jnp.float32(v)
-
-
 # gate(hyperparameter schedule), a value that opens it on every microbatch or two, bad values
 BAD_AT_RUN_TIME = {
     'norm_below': (lambda v: gates.norm_below(v), 1e9, [np.nan, -1.0]),
@@ -679,11 +675,39 @@ BAD_AT_RUN_TIME = {
 LOSSES = [1.0] * 6  # constant: the loss gate's interval is tight at once
 
 
+@functools.cache
+def gate_update(name):
+  """One jitted microbatch per gate, its hyperparameter an argument: one program for every value."""
+  make = BAD_AT_RUN_TIME[name][0]
+
+  def accumulation(value):
+    # A schedule that returns the value: out of its domain, it reaches the gate at run time.
+    return optax_gqc.accumulate(optax.sgd(0.1), make(lambda t: value), max_draws=3)
+
+  @jax.jit
+  def update(g, state, value, loss):
+    _, state = accumulation(value).update(g, state, PARAMS, value=loss)
+    return state, optax_gqc.statistics(state)
+
+  return accumulation, update
+
+
+def run_gate(name, v):
+  """``run_stats`` of the accumulation with gate ``name`` at the constant hyperparameter ``v``."""
+  accumulation, update = gate_update(name)
+  value = jnp.float32(v)
+  state = accumulation(value).init(PARAMS)
+  out = []
+  for g, loss in zip(grads(len(LOSSES)), LOSSES, strict=True):
+    state, stats = update(g, state, value, loss)
+    out.append(jax.tree.map(np.asarray, stats))
+  return out
+
+
 @pytest.mark.parametrize('name', sorted(BAD_AT_RUN_TIME))
 def test_a_good_value_opens_the_gate(name):
-  make, good, _ = BAD_AT_RUN_TIME[name]
-  tx = optax_gqc.accumulate(optax.sgd(0.1), make(constant(good)), max_draws=3)
-  out = run_stats(tx, values=LOSSES)
+  _, good, _ = BAD_AT_RUN_TIME[name]
+  out = run_gate(name, good)
   assert int(out[-1]['num_steps']) >= 3 and int(out[-1]['num_forced']) == 0
   assert int(out[-1]['num_bad_hyperparams']) == 0
 
@@ -693,9 +717,7 @@ def test_a_good_value_opens_the_gate(name):
     [(name, bad) for name, (_, _, bads) in sorted(BAD_AT_RUN_TIME.items()) for bad in bads],
 )
 def test_a_bad_value_at_run_time_closes_the_gate_and_is_counted(name, bad):
-  make, _, _ = BAD_AT_RUN_TIME[name]
-  tx = optax_gqc.accumulate(optax.sgd(0.1), make(constant(bad)), max_draws=3)
-  out = run_stats(tx, values=LOSSES)
+  out = run_gate(name, bad)
   assert [int(s['num_steps']) for s in out] == [0, 0, 1, 1, 1, 2]  # forced by max_draws
   assert int(out[-1]['num_forced']) == 2
   assert [int(s['num_bad_hyperparams']) for s in out] == [1, 2, 3, 4, 5, 6]

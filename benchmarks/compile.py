@@ -1,0 +1,225 @@
+"""Trace and compile time of one jitted train step, gated accumulation against Optax.
+
+All candidates run in one process on the same narrow MLP, at a few depths
+(counted in parameter leaves: a weight and a bias per layer), interleaved in
+rounds; the table gives medians and ratios, since absolute times on a shared
+machine mean little.
+
+    python benchmarks/compile.py [--json out.json] [--leaves 8 32 128] [--rounds 3]
+
+The step is the whole of a training step: the loss's gradient, the optimizer's
+update and its application, jitted with the parameters and the state donated.
+Each measurement builds a fresh optimizer and a fresh step function, so that no
+trace is reused, with JAX's persistent compilation cache off. *Trace* is
+``jax.jit(step).lower(...)`` (tracing and lowering to StableHLO), *compile* is
+``.compile()`` (XLA's optimization and code generation). Beside each time the
+size of the optimized program: its HLO instructions, fusions and conditionals
+in ``compiled.as_text()``.
+
+Targets, ratios within one run at every depth: ``gnts`` at most 1.5x
+``optax.adamw``'s trace+compile time, on the Optax path and fused; every other
+gate of the engine within 1.2x of ``gnts`` on the Optax path.
+
+Exits with status 1 when a target fails.
+"""
+
+import argparse
+import functools
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from _report import finish, print_targets
+
+import optax_gqc
+
+WIDTH = 16
+
+LABELS = {
+    'adamw': 'optax.adamw',
+    'multisteps': 'optax.MultiSteps(adamw, 8)',
+    'sbc': 'sbc(adamw, 8, 1)',
+    'gnts': 'gnts(adamw), Optax path',
+    'gnts_fused': 'gnts(adamw), fused update_and_apply',
+    'critical': 'accumulate(adamw, critical_batch(0.5, 1))',
+    'noise_ratio': 'noise_ratio_accumulation(adamw, 0.1)',
+}
+
+# The candidates held to within GATE_RATIO of gnts on the Optax path.
+GATES = ('sbc', 'critical', 'noise_ratio')
+GNTS_RATIO = 1.5
+GATE_RATIO = 1.2
+
+
+def make_params(leaves: int) -> dict[str, Any]:
+  """A narrow MLP of ``leaves // 2`` layers, each a ``WIDTH``-square weight and a bias."""
+  keys = jax.random.split(jax.random.key(0), leaves // 2)
+  return {
+      f'layer{i:03d}': {
+          'w': jax.random.normal(k, (WIDTH, WIDTH), jnp.float32) / WIDTH**0.5,
+          'b': jnp.zeros((WIDTH,), jnp.float32),
+      }
+      for i, k in enumerate(keys)
+  }
+
+
+def loss_fn(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+  for layer in params.values():
+    x = jnp.tanh(x @ layer['w'] + layer['b'])
+  return jnp.mean(jnp.square(x - y))
+
+
+def make_optimizer(name: str) -> tuple[optax.GradientTransformation, bool]:
+  """A fresh ``(optimizer, fused)`` for a key of ``LABELS``."""
+  adamw = optax.adamw(1e-3)
+  gates = optax_gqc.gates
+  if name == 'adamw':
+    return adamw, False
+  if name == 'multisteps':
+    return optax.MultiSteps(adamw, 8).gradient_transformation(), False
+  if name == 'sbc':
+    return optax_gqc.sbc(adamw, 8, 1), False
+  if name in ('gnts', 'gnts_fused'):
+    return optax_gqc.gnts(adamw), name == 'gnts_fused'
+  if name == 'critical':
+    return optax_gqc.accumulate(adamw, gates.critical_batch(0.5, 1)), False
+  if name == 'noise_ratio':
+    return optax_gqc.noise_ratio_accumulation(adamw, 0.1), False
+  raise ValueError(f'unknown candidate {name!r}')
+
+
+def make_step(tx: optax.GradientTransformation, fused: bool) -> Callable:
+  """A fresh train step: loss gradient, optimizer update, apply."""
+
+  def step(params, state, x, y):
+    grads = jax.grad(loss_fn)(params, x, y)
+    if fused:
+      return optax_gqc.update_and_apply(tx, grads, state, params)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  return step
+
+
+def hlo_size(text: str) -> dict[str, int]:
+  """Instructions, fusions and conditionals of an optimized HLO module's text."""
+  instructions = [line for line in text.splitlines() if re.match(r'\s+(ROOT )?%?[\w.-]+ = ', line)]
+  return {
+      'instructions': len(instructions),
+      'fusions': sum(bool(re.search(r' fusion\(', line)) for line in instructions),
+      'conditionals': sum(bool(re.search(r' conditional\(', line)) for line in instructions),
+  }
+
+
+def compile_once(name: str, params: Any) -> dict[str, Any]:
+  """Seconds to trace and to compile a fresh step, and the compiled program's size."""
+  tx, fused = make_optimizer(name)
+  state = jax.eval_shape(tx.init, params)
+  x = jax.ShapeDtypeStruct((8, WIDTH), jnp.float32)
+  step = jax.jit(make_step(tx, fused), donate_argnums=(0, 1))
+  start = time.perf_counter()
+  lowered = step.lower(params, state, x, x)
+  traced = time.perf_counter()
+  compiled = lowered.compile()
+  done = time.perf_counter()
+  return {'trace_s': traced - start, 'compile_s': done - traced, **hlo_size(compiled.as_text())}
+
+
+def measure(names: list[str], leaves: list[int], rounds: int) -> dict[int, dict[str, dict]]:
+  """Median trace, compile and total seconds per depth and candidate, with HLO sizes.
+
+  One untimed round first, so that what JAX builds once per process (the
+  jitted pieces of ``jax.numpy``, say) counts for none of them.
+  """
+  shapes = {n: jax.eval_shape(functools.partial(make_params, n)) for n in leaves}
+  for n in leaves:
+    for name in names:
+      compile_once(name, shapes[n])
+  runs = {n: {name: [] for name in names} for n in leaves}
+  for _ in range(rounds):
+    for n in leaves:
+      for name in names:
+        runs[n][name].append(compile_once(name, shapes[n]))
+  out = {}
+  for n in leaves:
+    out[n] = {}
+    for name, rs in runs[n].items():
+      out[n][name] = {
+          'trace_s': statistics.median(r['trace_s'] for r in rs),
+          'compile_s': statistics.median(r['compile_s'] for r in rs),
+          'total_s': statistics.median(r['trace_s'] + r['compile_s'] for r in rs),
+          **{k: rs[-1][k] for k in ('instructions', 'fusions', 'conditionals')},
+      }
+  return out
+
+
+def evaluate_targets(results: dict[int, dict[str, dict]]) -> dict[str, bool]:
+  """Each target, by name and depth: True where it is met."""
+  targets = {}
+  for n, r in results.items():
+    total = {name: c['total_s'] for name, c in r.items()}
+    for name in ('gnts', 'gnts_fused'):
+      targets[f'{n} leaves: {name} <= {GNTS_RATIO}x adamw'] = (
+          total[name] <= GNTS_RATIO * total['adamw']
+      )
+    for name in GATES:
+      targets[f'{n} leaves: {name} <= {GATE_RATIO}x gnts'] = (
+          total[name] <= GATE_RATIO * total['gnts']
+      )
+  return targets
+
+
+def print_table(results: dict[int, dict[str, dict]]) -> None:
+  print(
+      f"{'leaves':>6s} {'candidate':44s} {'trace s':>8s} {'compile s':>10s} {'total s':>8s} "
+      f"{'x adamw':>8s} {'x gnts':>7s} {'HLO instr':>10s} {'fusions':>8s} {'conds':>6s}"
+  )
+  for n, r in results.items():
+    adamw, gnts = r['adamw']['total_s'], r['gnts']['total_s']
+    for name, c in r.items():
+      print(
+          f"{n:6d} {LABELS[name]:44s} {c['trace_s']:8.3f} {c['compile_s']:10.3f} "
+          f"{c['total_s']:8.3f} {c['total_s'] / adamw:8.2f} {c['total_s'] / gnts:7.2f} "
+          f"{c['instructions']:10d} {c['fusions']:8d} {c['conditionals']:6d}"
+      )
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--leaves', type=int, nargs='+', default=[8, 32, 128])
+  parser.add_argument('--rounds', type=int, default=3)
+  parser.add_argument('--json', type=str, default=None)
+  args = parser.parse_args(argv)
+  if any(n < 2 or n % 2 for n in args.leaves):
+    parser.error('--leaves: each must be an even number >= 2 (a weight and a bias per layer)')
+
+  cache = jax.config.jax_enable_compilation_cache
+  jax.config.update('jax_enable_compilation_cache', False)  # compile every time
+  try:
+    results = measure(list(LABELS), args.leaves, args.rounds)
+  finally:
+    jax.config.update('jax_enable_compilation_cache', cache)
+  print(
+      f'an MLP of width {WIDTH}, {jax.devices()[0].platform}, median of {args.rounds} rounds, '
+      'each a fresh trace and compile'
+  )
+  print_table(results)
+  targets = evaluate_targets(results)
+  print_targets(targets)
+  data = {
+      'width': WIDTH,
+      'rounds': args.rounds,
+      'device': jax.devices()[0].platform,
+      'results': {str(n): r for n, r in results.items()},
+  }
+  return finish(targets, args.json, data)
+
+
+if __name__ == '__main__':
+  sys.exit(main())
