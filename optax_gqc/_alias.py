@@ -66,9 +66,9 @@ def gnts(
     and every step is then forced (``statistics(state)['num_forced']``).
     ``eta``, if given, adds the norm test as a valve.
 
-  See :func:`optax_gqc.accumulate` for the mechanics, and the section
-  *Schedules in tokens* of the docs for a learning rate that follows the
-  microbatches seen rather than the optimizer steps.
+  See :func:`optax_gqc.accumulate` for the mechanics, and
+  :func:`optax_gqc.schedule_by_microbatch` for a learning rate that follows
+  the microbatches seen (tokens) rather than the optimizer steps.
 
   Args:
     inner: the optimizer that steps on the mean gradient.
@@ -100,7 +100,7 @@ def gnts(
 
   Raises:
     ValueError: if more than one of ``threshold``, ``ratio`` and ``fraction``
-      is given, or ``eta`` with ``fraction``.
+      is given, or ``eta`` without ``ratio`` or ``threshold``.
 
   Example:
     >>> import jax, jax.numpy as jnp, optax, optax_gqc
