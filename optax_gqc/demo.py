@@ -444,7 +444,7 @@ def run_arm(
   bar = tqdm(
       total=run_plan.count,
       desc=f'{name:8s}',
-      unit='mb',
+      unit='microbatch',
       mininterval=1.0,
       disable=args.no_progress,
       file=sys.stderr,
@@ -732,6 +732,11 @@ def table(summary: Mapping[str, Any]) -> list[str]:
         f"{a['draws_per_step']:7.2f} {a['num_forced']:6.0f} {noise:>8s} {at:>8s} {margin:>7s} "
         f"{a['seconds']:6.0f}"
     )
+  lines.append(
+      'units: losses, range and margin in nats (margin = frontier - arm: + is better); '
+      'mb/step = microbatches per optimizer step; B_simple in sequences; wall s = seconds '
+      'training'
+  )
   return lines
 
 
