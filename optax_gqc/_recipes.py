@@ -116,6 +116,8 @@ def schedule_by_microbatch(
 
   def scheduled(state):
     _check_state(state)
+    if jax.tree.structure(state) != jax.tree.structure(jax.eval_shape(tx.init, state.accumulator)):
+      return state  # not this transformation's state: the engine's check says what it is
     values = {}
     for name, schedule in schedules.items():
       found = optax.tree.get_all_with_path(state.inner_state, name)

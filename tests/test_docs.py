@@ -15,6 +15,7 @@ PUBLIC_MODULES = [
     'optax_gqc.gates',
     'optax_gqc.schedules',
     'optax_gqc.sampling',
+    'optax_gqc.study',
     'optax_gqc.interop.torch',
     'optax_gqc.interop.torch_replay',
     'optax_gqc.interop.nnx',
