@@ -26,7 +26,7 @@ extensions = [
 ]
 
 source_suffix = {'.rst': 'restructuredtext', '.md': 'markdown'}
-exclude_patterns = ['_build', '_ext']
+exclude_patterns = ['_build', '_ext', 'study/*.md']  # study/: the suite's data, not pages
 root_doc = 'index'
 
 # module-api (docs/_ext) documents each name in a module's __all__; a class shows its members.
