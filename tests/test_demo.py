@@ -285,7 +285,8 @@ def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
   for size in demo.FRONTIER_LR:
     swept = demo.summarize([{**r, 'size': size} for r in runs[:2]], ['control', 'fixed2'])
     assert 'caveat' not in swept[0]['verdict_line']
-  assert len(demo.table(summary)) == 2 + 3
+  lines = demo.table(summary)
+  assert len(lines) == 2 + 3 + 1 and lines[-1].startswith('units: ')  # headings, arms, units
   demo.plot_study(runs, [summary, small], tmp_path / 'study.png')
   assert (tmp_path / 'study.png').stat().st_size > 0
 
