@@ -1304,6 +1304,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       'runs': runs,
       'device': jax.devices()[0].platform,
   }
+  arm_summaries = [a['summary'] for r in runs for a in r['arms'].values()]
+  train_s = sum(a['seconds'] for a in arm_summaries)
+  compile_s = sum(a['compile_seconds'] for a in arm_summaries)
+  payload['seconds'] = {'training': train_s, 'compiling': compile_s}
   plot_curves(first, out / 'curves.png')
   written = ['table.txt', 'results.json', 'curves.png']
   if args.study:
@@ -1312,6 +1316,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   (out / 'results.json').write_text(json.dumps(payload, indent=1))
   (out / 'table.txt').write_text('\n'.join(lines))
   print('\n' + '\n'.join(lines[:-1]))
+  print(
+      f'time: {train_s:.0f} s training, {compile_s:.0f} s compiling (and the first evaluation): '
+      f'{compile_s / max(train_s + compile_s, 1e-9):.0%} compiling'
+  )
   print(f"wrote {', '.join(str(out / w) for w in written)}")
   if interrupted:
     print(

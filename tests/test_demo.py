@@ -54,6 +54,13 @@ def test_quick_run_writes_the_frontier_the_critical_arm_and_a_verdict(quick):
   assert table[1].split()[:3] == ['arm', 'val', 'loss']
   assert [line.split()[0] for line in table[2:6]] == ['control', 'fixed2', 'fixed4', 'critical']
   assert payload['arms'].keys() == saved['arms'].keys()
+  # The split of its time between compiling and training, summed over the arms.
+  arms = saved['arms'].values()
+  assert saved['seconds']['compiling'] == pytest.approx(
+      sum(a['summary']['compile_seconds'] for a in arms)
+  )
+  assert saved['seconds']['training'] == pytest.approx(sum(a['summary']['seconds'] for a in arms))
+  assert f"time: {saved['seconds']['training']:.0f} s training" in stdout
 
 
 def test_quick_run_arms_share_microbatches_and_differ_in_when_they_step(quick):
