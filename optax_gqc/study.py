@@ -423,7 +423,10 @@ def table(result: Mapping[str, Any], title: str = '') -> list[str]:
   Margins are in the loss's units (nats for a cross entropy): the frontier's
   loss at the arm's step count minus the arm's, so positive is better than a
   fixed batch with as many steps; ``[low, high]`` is the paired 95% interval
-  over seeds; ``steps`` is the arm's optimizer steps over the control's.
+  over seeds; ``steps`` is the arm's optimizer steps over the control's. A
+  seed where the arm has no margin (a loss that is not finite, or a step
+  count outside the frontier's) is left out of the mean and the interval,
+  and the line ends with how many seeds have one, e.g. ``(2 of 3 seeds)``.
   """
   lines = [title] if title else []
   ks = result['ks']
@@ -439,9 +442,11 @@ def table(result: Mapping[str, Any], title: str = '') -> list[str]:
   for name, a in result['arms'].items():
     m, b = a['margin'], a['best_margin']
     interval = '-' if m['low'] is None else f"[{m['low']:+.3f}, {m['high']:+.3f}]"
+    missing = len(a['margins']) - m['n']
     lines.append(
         f"{name:16s} {_fmt(m['mean']):>7s} {interval:>17s} {_fmt(m['min']):>8s} "
         f"{_fmt(b['mean']):>18s} {_fmt(a['step_ratio'], '.2f') + 'x':>6s}"
+        + (f" ({m['n']} of {len(a['margins'])} seeds)" if missing else '')
     )
   return lines
 

@@ -103,6 +103,18 @@ def test_merge_of_seeds_run_apart_is_the_study_of_both(two_seeds):
   assert lines[0] == 'title' and any(line.startswith('gnts') for line in lines)
 
 
+def test_table_says_how_many_seeds_have_a_margin():
+  arm = study._summarize(
+      [
+          {'seed': i, 'margin': m, 'best_margin': m, 'step_ratio': 0.5}
+          for i, m in enumerate((0.1, None, 0.2))
+      ]
+  )
+  result = {'ks': [1], 'frontier': {}, 'arms': {'a': arm}}
+  (line,) = [line for line in study.table(result) if line.startswith('a ')]
+  assert '+0.150' in line and line.endswith('(2 of 3 seeds)')
+
+
 def test_frontier_loss_at_is_linear_in_log_steps():
   frontier = [(100, 2.0), (25, 3.0), (50, 2.5)]
   assert study.frontier_loss_at(frontier, 50) == 2.5
