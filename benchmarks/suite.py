@@ -260,7 +260,7 @@ def report(out: Path, tasks) -> int:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--tasks', default='teacher,digits,lm,lm-small')
+  parser.add_argument('--tasks', default='lm,lm-small,teacher,digits')
   parser.add_argument('--seeds', default='0,1,2')
   parser.add_argument('--ks', default='1,2,4,8,16,32')
   parser.add_argument('--arms', default=None, help='comma-separated subset of the arms')
