@@ -170,12 +170,7 @@ def _check_like_params(updates: Any, accumulator: Any) -> None:
 
 def _check_gate_output(step: Any, new_state: Any, old_state: Any) -> None:
   """Raises at trace time if a gate's update breaks the Gate protocol."""
-  if jnp.shape(step) != () or jnp.result_type(step) != jnp.bool_:
-    raise TypeError(
-        'gate: update must return a boolean scalar as its decision, got '
-        f'{jnp.result_type(step)} of shape {jnp.shape(step)}: compare, e.g. '
-        'stats.acc_norm <= 0.5'
-    )
+  _checks.check_decision(step, 'gate: update')
   if jax.tree.structure(new_state) != jax.tree.structure(old_state) or any(
       jnp.result_type(a) != jnp.result_type(b) or jnp.shape(a) != jnp.shape(b)
       for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(old_state), strict=True)

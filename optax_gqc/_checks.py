@@ -164,3 +164,13 @@ def check_draws_reach_batch(
         f'examples that {name} ({size:g}) needs: every step would be forced by max_draws. '
         f'Pass max_draws >= {needed}, or max_draws=None for no limit'
     )
+
+
+def check_decision(step: Any, who: str) -> None:
+  """Raises at trace time unless ``step`` is a boolean scalar, as a gate's decision must be."""
+  if jnp.shape(step) != () or jnp.result_type(step) != jnp.bool_:
+    raise TypeError(
+        f"{who} must return a boolean scalar as the gate's decision, got "
+        f'{jnp.result_type(step)} of shape {jnp.shape(step)}: compare, e.g. '
+        'stats.acc_norm <= 0.5 (and reduce an array with jnp.all or jnp.any)'
+    )

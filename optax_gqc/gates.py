@@ -645,20 +645,10 @@ def from_function(rule: Callable[[DrawStats], jax.Array]) -> Gate:
   def update(stats, state, **extra_args):
     del extra_args
     step = jnp.asarray(rule(stats))
-    _check_decision(step, 'from_function: rule')
+    _checks.check_decision(step, 'from_function: rule')
     return step, state
 
   return Gate(lambda: {}, update)
-
-
-def _check_decision(step: Any, who: str) -> None:
-  """Raises at trace time unless ``step`` is a boolean scalar, as a gate's decision must be."""
-  if jnp.shape(step) != () or jnp.result_type(step) != jnp.bool_:
-    raise TypeError(
-        f"{who} must return a boolean scalar as the gate's decision, got "
-        f'{jnp.result_type(step)} of shape {jnp.shape(step)}: compare, e.g. '
-        'stats.acc_norm <= 0.5 (and reduce an array with jnp.all or jnp.any)'
-    )
 
 
 def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
@@ -677,7 +667,7 @@ def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
     steps, states = [], []
     for i, (g, s) in enumerate(zip(gates, gate_state, strict=True)):
       step, s = g.update(stats, s, **extra_args)
-      _check_decision(step, f'{name}: gate {i} of its {len(gates)} (counting from 0)')
+      _checks.check_decision(step, f'{name}: gate {i} of its {len(gates)} (counting from 0)')
       steps.append(step)
       states.append(s)
     return reduce(jnp.stack(steps)), tuple(states)
