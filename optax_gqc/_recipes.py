@@ -116,12 +116,13 @@ def schedule_by_microbatch(
 
   def scheduled(state):
     _check_state(state)
-    if jax.tree.structure(state) != jax.tree.structure(jax.eval_shape(tx.init, state.accumulator)):
-      return state  # not this transformation's state: the engine's check says what it is
     values = {}
     for name, schedule in schedules.items():
       found = optax.tree.get_all_with_path(state.inner_state, name)
       if not found:
+        own = jax.eval_shape(tx.init, state.accumulator)
+        if jax.tree.structure(state) != jax.tree.structure(own):
+          return state  # not this transformation's state: the engine's check says what it is
         raise ValueError(
             f'schedule_by_microbatch: the inner optimizer has no injected hyperparameter '
             f'{name!r}: build it with optax.inject_hyperparams, e.g. '
