@@ -54,8 +54,8 @@ import optax
 from flax import nnx
 
 import optax_gqc
-from optax_gqc import gates
-from optax_gqc.study import frontier_loss_at  # the study's own interpolation
+from optax_gqc import gates, study
+from optax_gqc.study import frontier_loss_at
 
 VOCAB = 256  # bytes
 
@@ -246,10 +246,7 @@ def program_spec(spec: Mapping[str, Any]) -> tuple:
 
 def lr_schedule(peak, setup: Setup) -> optax.Schedule:
   """Warmup, then a cosine to a tenth of ``peak``, over the run's microbatches (tokens)."""
-  shape = optax.warmup_cosine_decay_schedule(
-      0.0, 1.0, max(int(setup.warmup * setup.count), 1), max(setup.count, 2), end_value=0.1
-  )
-  return lambda t: peak * shape(t)  # peak may be traced: optax's schedule tests its value
+  return study.lr_schedule(peak, setup.count, setup.warmup, final=0.1)
 
 
 def make_optimizer(
@@ -690,8 +687,9 @@ def summarize(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[di
                 ''
                 if len(seeds) > 1
                 else '\n  note: one seed. Margins smaller than the seed-to-seed spread of this '
-                'task (0.03 to 0.1 nats) say little on their own; the suite measures them over '
-                'seeds with intervals: python benchmarks/suite.py (docs/study.md)'
+                f'task ({ONE_SEED_NOISE} to 0.1 nats) say little on their own; the suite '
+                'measures them over seeds with intervals: python benchmarks/suite.py '
+                '(docs/study.md)'
             ),
         }
     )
