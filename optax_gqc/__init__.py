@@ -9,7 +9,6 @@ from optax_gqc._accumulation import (
     AccumulateState,
     AccumulationTransformation,
     accumulate,
-    statistics,
     update_and_apply,
 )
 from optax_gqc._alias import (
@@ -37,6 +36,7 @@ from optax_gqc._recipes import (
 )
 from optax_gqc._scale_to_norm import ScaleToNormState, scale_to_norm
 from optax_gqc._sgd_sai import ScaleByGsnrState, SgdSaiMomentumState, scale_by_gsnr, sgd_sai
+from optax_gqc._statistics import statistics
 from optax_gqc.gates import DrawStats, Gate
 
 __version__ = '0.2.0'

@@ -52,8 +52,9 @@ import numpy as np
 import optax
 
 from optax_gqc import _checks, gates
-from optax_gqc._accumulation import accumulate, statistics, update_and_apply
+from optax_gqc._accumulation import accumulate, update_and_apply
 from optax_gqc._recipes import schedule_by_microbatch
+from optax_gqc._statistics import statistics
 from optax_gqc._student_t import t_quantile
 
 __all__ = [

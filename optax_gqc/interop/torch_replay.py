@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from optax_gqc._accumulation import statistics
+from optax_gqc._statistics import statistics
 from optax_gqc.interop.torch import set_grads, to_jax, to_torch
 
 __all__ = [

@@ -1,0 +1,249 @@
+"""statistics(state): what an optimizer state holds to log, found wherever it sits."""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_gqc._accumulation import AccumulateState, _gate_entries
+from optax_gqc._noise_scale import NoiseScaleState
+from optax_gqc._scale_to_norm import ScaleToNormState
+from optax_gqc._sgd_sai import ScaleByGsnrState, SgdSaiMomentumState
+
+
+def _is_variable(x: Any) -> bool:
+  # Flax NNX keeps optimizer state leaves in Variables (nnx.Optimizer.opt_state).
+  return hasattr(x, 'get_value') and not isinstance(x, jax.Array)
+
+
+def _flat_gate_stats(gate_state: Any, out: dict[str, jax.Array]) -> None:
+  """Adds the gate's reported entries to ``out``; those named ``_*`` are its own.
+
+  Every gate's ``num_bad_hyperparams`` adds to the one in ``out``.
+  """
+  for key, value in _gate_entries(gate_state):
+    if key == 'num_bad_hyperparams':
+      out[key] = out[key] + value
+      continue
+    if key.startswith('_'):
+      continue
+    name, i = key, 1
+    while name in out:
+      name, i = f'{key}_{i}', i + 1
+    out[name] = value
+
+
+def _ratio_of_emas(grad_sq_norm_ema, trace_cov_ema, noise_weight, examples=1.0):
+  """The bias-corrected noise-scale estimates: NaN until an estimate exists."""
+  weight = jnp.where(noise_weight > 0, noise_weight, jnp.nan)
+  out = {
+      'grad_sq_norm_est': grad_sq_norm_ema / weight,
+      'trace_cov_est': trace_cov_ema / weight * examples,
+  }
+  out['noise_scale'] = out['trace_cov_est'] / out['grad_sq_norm_est']
+  return out
+
+
+def _accumulation_report(s: AccumulateState) -> dict[str, jax.Array]:
+  out = {
+      name: getattr(s, name)
+      for name in (
+          'num_draws',
+          'num_batches',
+          'num_steps',
+          'num_skipped',
+          'num_forced',
+          'num_bad_hyperparams',
+          'last_num_draws',
+          'last_grad_norm',
+          'acc_norm',
+          'microbatch_size',
+      )
+  }
+  # The EMAs are in microbatches; in examples where the microbatch size is known.
+  examples = jnp.where(s.microbatch_size > 0, s.microbatch_size, 1).astype(jnp.float32)
+  out.update(_ratio_of_emas(s.grad_sq_norm_ema, s.trace_cov_ema, s.noise_weight, examples))
+  _flat_gate_stats(s.gate_state, out)
+  return out
+
+
+def _scale_to_norm_report(s: ScaleToNormState) -> dict[str, jax.Array]:
+  # It steps on every microbatch: as many microbatches as steps.
+  return {
+      'num_batches': s.count,
+      'num_steps': s.count,
+      'target': s.target,
+      'grad_norm': s.grad_norm,
+  }
+
+
+def _noise_scale_report(s: NoiseScaleState) -> dict[str, jax.Array]:
+  # Its estimates are in examples already when its microbatch size is known.
+  out = _ratio_of_emas(s.grad_sq_norm_ema, s.trace_cov_ema, s.noise_weight)
+  out['noise_scale'] = s.noise_scale  # the same ratio, as the state holds it
+  return out
+
+
+def _gsnr_report(s: ScaleByGsnrState) -> dict[str, jax.Array]:
+  computed = [jnp.asarray(c) for c in jax.tree.leaves(s.computed)]
+  if not computed:  # no parameters
+    nan = jnp.full([], jnp.nan, jnp.float32)
+    return {'gsnr_min': nan, 'gsnr_max': nan, 'num_pending_gsnr': jnp.zeros([], jnp.int32)}
+  computed = jnp.stack(computed)
+  gsnr = jnp.stack([jnp.asarray(g) for g in jax.tree.leaves(s.gsnr)])
+  some = jnp.any(computed)
+  return {
+      'gsnr_min': jnp.where(some, jnp.min(jnp.where(computed, gsnr, jnp.inf)), jnp.nan),
+      'gsnr_max': jnp.where(some, jnp.max(jnp.where(computed, gsnr, -jnp.inf)), jnp.nan),
+      'num_pending_gsnr': jnp.sum(~computed, dtype=jnp.int32),
+  }
+
+
+def _momentum_report(s: SgdSaiMomentumState) -> dict[str, jax.Array]:
+  return {'num_batches': s.count, 'num_steps': s.count}
+
+
+def _multi_steps_report(s: optax.MultiStepsState) -> dict[str, jax.Array]:
+  return {'num_draws': s.mini_step, 'num_steps': s.gradient_step}
+
+
+def _count_report(s: Any) -> dict[str, jax.Array]:
+  return {'num_steps': s.count}
+
+
+# Optax's states whose ``count`` counts their calls, not optimizer steps: an
+# inject_hyperparams around an accumulation calls it on every microbatch.
+_NOT_STEP_COUNTS = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
+
+
+def _counts_steps(x: Any) -> bool:
+  """Whether ``x`` is a state of Optax's that counts its updates (``ScaleByAdamState``...)."""
+  if not hasattr(x, '_fields') or 'count' not in x._fields or isinstance(x, _NOT_STEP_COUNTS):
+    return False
+  count = x.count
+  return (
+      hasattr(count, 'dtype')
+      and jnp.ndim(count) == 0
+      and jnp.issubdtype(jnp.result_type(count), jnp.integer)
+  )
+
+
+# What statistics reports of each state the library creates, in this order of
+# precedence where two report the same name.
+_REPORTS = {
+    AccumulateState: _accumulation_report,
+    ScaleToNormState: _scale_to_norm_report,
+    NoiseScaleState: _noise_scale_report,
+    ScaleByGsnrState: _gsnr_report,
+    SgdSaiMomentumState: _momentum_report,
+    optax.MultiStepsState: _multi_steps_report,
+}
+
+
+def _report_of(x: Any) -> Callable[[Any], dict[str, jax.Array]] | None:
+  report = _REPORTS.get(type(x))
+  if report is None and _counts_steps(x):
+    report = _count_report
+  return report
+
+
+def _find_states(state: Any) -> list[Any]:
+  """The states reported on in ``state``, in traversal order; inner states of accumulations too."""
+
+  def known(x):
+    return _report_of(x) is not None
+
+  found = []
+  for x in jax.tree.leaves(state, is_leaf=known):
+    if known(x):
+      found.append(x)
+      if isinstance(x, AccumulateState):
+        found.extend(_find_states(x.inner_state))
+  return found
+
+
+def _precedence(x: Any) -> int:
+  """Accumulations first, then the other states of optax_gqc, then Optax's."""
+  if isinstance(x, AccumulateState):
+    return 0
+  return 1 if type(x) in _REPORTS and not isinstance(x, optax.MultiStepsState) else 2
+
+
+def statistics(state: Any) -> dict[str, jax.Array]:
+  r"""Returns what an optimizer state holds to log: counters, hyperparameters, estimates.
+
+  Finds the states of optax_gqc's transformations wherever they sit in a
+  nested optimizer state (inside ``optax.chain``, ``optax.inject_hyperparams``,
+  an accumulation's inner state, or the ``opt_state`` of a Flax
+  ``nnx.Optimizer``), and reports each as below. Where two report the same
+  name, an accumulation's entry comes first, then the others in traversal
+  order; pass a part of the state (``statistics(state[0])``) to read
+  another. Works under ``jax.jit``.
+
+  An accumulation (:func:`accumulate`, and every optimizer and recipe built on
+  it) reports ``num_draws``, ``num_batches``, ``num_steps``,
+  ``num_skipped``, ``num_forced``, ``num_bad_hyperparams``,
+  ``last_num_draws``, ``last_grad_norm``,
+  ``acc_norm`` (the norm of the current mean gradient), ``microbatch_size``
+  (0 when not given); the noise scale ``noise_scale``
+  (:math:`B_\text{simple}`) with its parts ``grad_sq_norm_est`` and
+  ``trace_cov_est`` (bias-corrected EMAs; NaN until a step has averaged
+  two microbatches; the raw ratio, negative when the estimate of
+  :math:`|G|^2` is, where noise swamps the signal: a gate reads that as an
+  infinite noise scale); and the gate's reported entries: its current
+  hyperparameters (e.g. ``threshold``), estimates and counters, but not the
+  running sums it keeps for itself (see :class:`~optax_gqc.gates.Gate`). A
+  gate entry whose name is taken gets a suffix ``_1``, ``_2``, ...
+
+  :func:`scale_to_norm` (and so :func:`gnr` and its recipes) reports
+  ``num_batches`` and ``num_steps`` (equal: it steps on every microbatch),
+  ``target`` (the target norm at the latest update) and
+  ``grad_norm`` (the gradient's norm before rescaling). :func:`noise_scale`
+  reports ``noise_scale``, ``grad_sq_norm_est`` and ``trace_cov_est``.
+  :func:`scale_by_gsnr` (and so :func:`sgd_sai`) reports ``gsnr_min`` and
+  ``gsnr_max`` over the leaves that have their g-SNR (NaN while none has),
+  ``num_pending_gsnr``, the leaves still waiting for a non-zero gradient,
+  and, in :func:`sgd_sai`, ``num_batches`` and ``num_steps``; the per-leaf
+  factors are in ``optax.tree.get(state, 'gsnr')``.
+
+  Any other Optax state reports what Optax counts, so that a run of a plain
+  optimizer logs under the same names: ``num_steps`` from the ``count`` of a
+  state that keeps one (``optax.adamw``'s ``ScaleByAdamState``, a schedule's
+  ``ScaleByScheduleState``), and from ``optax.MultiSteps``'s state
+  ``num_steps`` and ``num_draws``. A state with no counter (``optax.sgd``
+  with a constant learning rate) gives an empty dict. These come after the
+  entries of optax_gqc's own states.
+
+  ``num_forced`` counts the steps that ``max_draws`` forced while the gate was
+  closed. A few are normal (a noisy stretch); if it grows with ``num_steps``,
+  the gate is starved: its threshold is out of reach for this model (an
+  absolute threshold below the gradient norms it sees, say), and the run is
+  in effect a fixed accumulation of ``max_draws`` microbatches. Use a relative
+  threshold (the default of :func:`optax_gqc.gnts`), raise the threshold, or
+  combine the gate with :func:`optax_gqc.gates.relative_error_below` through
+  :func:`optax_gqc.gates.any_of`.
+
+  ``num_bad_hyperparams`` counts the microbatches at which a hyperparameter
+  was out of its domain at run time, where ``jax.jit`` cannot raise: a
+  schedule that returned NaN or a negative value, or a bad value injected by
+  ``optax.inject_hyperparams``. It adds up the engine's count (``max_draws``,
+  ``noise_decay``) and every gate's (which stays closed meanwhile, so that
+  ``max_draws`` forces the steps). It is 0 in a healthy run.
+
+  Args:
+    state: an optimizer state.
+
+  Returns:
+    A dict of 0-d arrays; empty if ``state`` holds nothing to report.
+  """
+  state = jax.tree.map(
+      lambda x: x.get_value() if _is_variable(x) else x, state, is_leaf=_is_variable
+  )
+  found = sorted(_find_states(state), key=_precedence)  # stable: in traversal order within
+  out = {}
+  for s in found:
+    for name, value in _report_of(s)(s).items():
+      out.setdefault(name, value)
+  return out
