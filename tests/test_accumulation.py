@@ -16,30 +16,7 @@ from hypothesis import strategies as st
 
 import optax_gqc
 from optax_gqc import gates
-
-PARAMS = {'w': jnp.arange(12.0).reshape(3, 4) / 10, 'b': jnp.ones(4)}
-
-
-def grad_stream(num, seed=0, scale=1.0, params=PARAMS):
-  """Random microbatch gradients shaped like ``params``."""
-  keys = jax.random.split(jax.random.key(seed), num)
-  return [
-      jax.tree.map(lambda p, k=k: scale * jax.random.normal(k, p.shape, p.dtype), params)
-      for k in keys
-  ]
-
-
-def run(tx, grads, params=PARAMS, apply=True, **extra_args):
-  """Runs ``tx`` under jit over ``grads``; returns per-call updates, states, params."""
-  update = jax.jit(tx.update)
-  state = tx.init(params)
-  out = []
-  for g in grads:
-    updates, state = update(g, state, params, **extra_args)
-    if apply:
-      params = optax.apply_updates(params, updates)
-    out.append((updates, state, params))
-  return out
+from tests._helpers import PARAMS, grad_stream, run
 
 
 class Recording(NamedTuple):
@@ -355,30 +332,6 @@ def test_flax_nnx_optimizer_under_nnx_jit():
   stats = optax_gqc.statistics(optimizer.opt_state)
   assert int(stats['num_steps']) == 1 and int(stats['last_num_draws']) == 3
   assert int(optimizer.step[...]) == 3  # nnx.Optimizer counts microbatches
-
-
-def test_any_of_and_all_of():
-  many = gates.batch_size_at_least(3, 1)
-  short = gates.norm_below(0.5)
-  g = grad_stream(3)
-  any_tx = optax_gqc.accumulate(optax.sgd(1.0), gates.any_of(many, short), max_draws=10)
-  all_tx = optax_gqc.accumulate(optax.sgd(1.0), gates.all_of(many, short), max_draws=10)
-  assert [int(s.num_steps) for _, s, _ in run(any_tx, g)] == [0, 0, 1]
-  assert [int(s.num_steps) for _, s, _ in run(all_tx, g)] == [0, 0, 0]
-  small = [jax.tree.map(lambda x: 1e-3 * x, x) for x in g]
-  assert [int(s.num_steps) for _, s, _ in run(any_tx, small)] == [1, 2, 3]
-  assert [int(s.num_steps) for _, s, _ in run(all_tx, small)] == [0, 0, 1]
-  stats = optax_gqc.statistics(run(any_tx, g)[-1][1])
-  assert float(stats['logical_batch_size']) == 3.0 and float(stats['threshold']) == 0.5
-
-
-def test_same_gate_twice_gets_suffixed_statistics():
-  tx = optax_gqc.accumulate(
-      optax.sgd(1.0), gates.any_of(gates.norm_below(0.1), gates.norm_below(0.2))
-  )
-  stats = optax_gqc.statistics(tx.init(PARAMS))
-  assert float(stats['threshold']) == pytest.approx(0.1)
-  assert float(stats['threshold_1']) == pytest.approx(0.2)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Decisions of the GNS, MHT and norm-test gates against float64 references of their rules."""
+"""The gates of optax_gqc.gates against references of their rules, alone and combined."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +9,7 @@ from scipy import stats
 
 import optax_gqc
 from optax_gqc import gates, schedules
+from tests._helpers import grad_stream, run
 
 PARAMS = {'w': jnp.zeros(6)}
 
@@ -169,3 +170,111 @@ def test_gns_and_mht_recipes_schedule_their_gates():
 def test_bad_arguments(make, match):
   with pytest.raises(ValueError, match=match):
     make()
+
+
+def test_any_of_and_all_of():
+  many = gates.batch_size_at_least(3, 1)
+  short = gates.norm_below(0.5)
+  g = grad_stream(3)
+  any_tx = optax_gqc.accumulate(optax.sgd(1.0), gates.any_of(many, short), max_draws=10)
+  all_tx = optax_gqc.accumulate(optax.sgd(1.0), gates.all_of(many, short), max_draws=10)
+  assert [int(s.num_steps) for _, s, _ in run(any_tx, g)] == [0, 0, 1]
+  assert [int(s.num_steps) for _, s, _ in run(all_tx, g)] == [0, 0, 0]
+  small = [jax.tree.map(lambda x: 1e-3 * x, x) for x in g]
+  assert [int(s.num_steps) for _, s, _ in run(any_tx, small)] == [1, 2, 3]
+  assert [int(s.num_steps) for _, s, _ in run(all_tx, small)] == [0, 0, 1]
+  stats = optax_gqc.statistics(run(any_tx, g)[-1][1])
+  assert float(stats['logical_batch_size']) == 3.0 and float(stats['threshold']) == 0.5
+
+
+def test_same_gate_twice_gets_suffixed_statistics():
+  tx = optax_gqc.accumulate(
+      optax.sgd(1.0), gates.any_of(gates.norm_below(0.1), gates.norm_below(0.2))
+  )
+  stats = optax_gqc.statistics(tx.init(PARAMS))
+  assert float(stats['threshold']) == pytest.approx(0.1)
+  assert float(stats['threshold_1']) == pytest.approx(0.2)
+
+
+def test_critical_batch_follows_fraction_of_the_linear_regression_noise_scale():
+  """The logical batch tracks fraction * B_simple as the noise scale moves.
+
+  Linear regression at a fixed w = w* + delta (SGD with learning rate 0), with
+  |delta| changed halfway: B_simple = (d + 1) + d s^2 / |delta|^2 goes from 251
+  to 101 examples.
+  """
+  d, s, microbatch, fraction = 50, 2.0, 4, 0.5
+  kw, kd, ke = jax.random.split(jax.random.key(0), 3)
+  w_star = jax.random.normal(kw, (d,))
+  direction = jax.random.normal(kd, (d,))
+  direction = direction / jnp.linalg.norm(direction)
+  tx = optax_gqc.accumulate(
+      optax.sgd(0.0),
+      gates.critical_batch(fraction, microbatch),
+      microbatch_size=microbatch,
+  )
+
+  def body(state, inputs):
+    key, delta_norm = inputs
+    kx, kn = jax.random.split(key)
+    w = w_star + delta_norm * direction
+    x = jax.random.normal(kx, (microbatch, d))
+    y = x @ w_star + s * jax.random.normal(kn, (microbatch,))
+    _, state = tx.update({'w': x.T @ (x @ w - y) / microbatch}, state, {'w': w})
+    stats = optax_gqc.statistics(state)
+    return state, (stats['num_draws'], stats['last_num_draws'], stats['target_batch_size'])
+
+  phase = 12_000
+  norms = jnp.concatenate([jnp.full(phase, 1.0), jnp.full(phase, 2.0)])
+  keys = jax.random.split(ke, 2 * phase)
+  _, (draws, last, target) = jax.jit(lambda st: jax.lax.scan(body, st, (keys, norms)))(
+      tx.init({'w': w_star})
+  )
+  draws, last, target = (np.asarray(x) for x in (draws, last, target))
+  for end, delta_norm in ((phase, 1.0), (2 * phase, 2.0)):
+    truth = (d + 1) + d * s**2 / delta_norm**2
+    window = slice(end - phase // 3, end)  # the last third of the phase, after the EMA settled
+    stepped = draws[window] == 0
+    logical = last[window][stepped] * microbatch  # the batch of every step taken there
+    assert np.mean(target[window]) == pytest.approx(fraction * truth, rel=0.1)
+    assert np.mean(logical) == pytest.approx(fraction * truth, rel=0.1)
+
+
+def test_critical_batch_bootstrap_survives_a_negative_first_estimate():
+  # Gradients with |G|^2 = 5 and tr(Sigma) = 5 per microbatch: B is one
+  # microbatch, but the first two-draw estimate of |G|^2 comes out negative.
+  grads = [{'w': jax.random.normal(k, (5,)) + 1.0} for k in jax.random.split(jax.random.key(0), 40)]
+  tx = optax_gqc.accumulate(
+      optax.sgd(1.0), gates.critical_batch(0.5, 8), microbatch_size=8, max_draws=64
+  )
+  state = tx.init({'w': jnp.zeros(5)})
+  update = jax.jit(tx.update)
+  first = None
+  for g in grads:
+    _, state = update(g, state, {'w': jnp.zeros(5)})
+    if first is None and int(state.num_steps) == 1:
+      first = optax_gqc.statistics(state)
+  assert float(first['grad_sq_norm_est']) < 0  # the estimate that read as an infinite B
+  stats = optax_gqc.statistics(state)
+  assert int(stats['num_forced']) == 0
+  assert int(stats['num_steps']) >= 15  # bootstrap steps of 2, then about one draw a step
+
+
+def test_critical_batch_reports_its_target_not_its_probes():
+  # B_simple is about one microbatch: the target stays under two microbatches,
+  # and every fourth step probes with two, which the reported target leaves out.
+  grads = [{'w': jax.random.normal(k, (5,)) + 1.0} for k in jax.random.split(jax.random.key(1), 80)]
+  tx = optax_gqc.accumulate(
+      optax.sgd(1.0), gates.critical_batch(0.5, 8), microbatch_size=8, max_draws=64
+  )
+  state, params = tx.init({'w': jnp.zeros(5)}), {'w': jnp.zeros(5)}
+  update = jax.jit(tx.update)
+  probes, targets = 0, []
+  for g in grads:
+    _, state = update(g, state, params)
+    stats = optax_gqc.statistics(state)
+    if int(state.num_steps) > 5 and int(state.num_draws) == 0:  # a step, past the bootstrap
+      probes += int(stats['last_num_draws']) == 2
+      targets.append(float(stats['target_batch_size']))
+  assert probes >= 3
+  assert max(targets) < 16
