@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optax_gqc import _checks
-from optax_gqc._noise_scale import noise_scale_estimates
+from optax_gqc import _checks, _noise_scale
+from optax_gqc._noise_scale import NoiseScaleState
 from optax_gqc._numerics import rounded, sq_norm, varying_axes
 from optax_gqc.gates import DrawStats, Gate
 
@@ -37,12 +37,9 @@ class AccumulateState(NamedTuple):
   sum_norms: jax.Array  # float32: sum_i ||g_i|| over the accumulation.
   acc_norm: jax.Array  # float32: ||gbar|| after the latest microbatch.
   microbatch_size: jax.Array  # int32: examples per microbatch; 0 when not given.
-  # Noise scale, in microbatches: raw EMAs of the two-batch estimates of |G|^2
-  # and tr(Sigma), and the total weight of those EMAs, 1 - decay^k after k
-  # estimates (their bias correction is a division by it).
-  grad_sq_norm_ema: jax.Array  # float32
-  trace_cov_ema: jax.Array  # float32
-  noise_weight: jax.Array  # float32
+  # The noise scale's EMAs, in microbatches, folded in at each step that
+  # averaged n >= 2 microbatches (see _noise_scale).
+  noise: NoiseScaleState
   gate_state: Any  # the gate's own scalars.
   inner_state: Any  # the inner optimizer's state, touched only on steps.
   # Sum of the current accumulation's gradients. Not zeroed on a step: the
@@ -113,7 +110,7 @@ def _check_state(state: Any, gate: Gate | None = None, inner: Any = None) -> Non
 
 
 def _describe_gate_state(gate_state: Any) -> str:
-  names = [name for name, _ in _gate_entries(gate_state)]
+  names = [name for name, _ in gate_entries(gate_state)]
   return f"the entries ({', '.join(names)})" if names else 'no entries'
 
 
@@ -211,17 +208,6 @@ def _accumulator_dtype(requested: Any, param: jax.Array) -> Any:
   if jnp.iscomplexobj(param) and not jnp.issubdtype(dtype, jnp.complexfloating):
     dtype = jnp.promote_types(dtype, jnp.complex64)
   return dtype
-
-
-def _noise_scale_in_draws(grad_sq_norm_ema, trace_cov_ema, noise_weight) -> jax.Array:
-  """B_simple in microbatches from the engine's EMAs: NaN before an estimate.
-
-  A non-positive estimate of :math:`|G|^2` means the noise swamps the signal:
-  the noise scale is then infinite. A negative one of the trace counts as 0.
-  """
-  b = jnp.maximum(trace_cov_ema, 0.0) / jnp.where(grad_sq_norm_ema > 0, grad_sq_norm_ema, 1.0)
-  b = jnp.where(grad_sq_norm_ema > 0, b, jnp.inf)
-  return jnp.where(noise_weight > 0, b, jnp.nan)
 
 
 def accumulate(
@@ -403,9 +389,7 @@ def accumulate(
         acc_norm=zero_f(),
         # Not `microbatch_size or 0`: inject_hyperparams may trace it.
         microbatch_size=jnp.array(0 if microbatch_size is None else microbatch_size, jnp.int32),
-        grad_sq_norm_ema=zero_f(),
-        trace_cov_ema=zero_f(),
-        noise_weight=zero_f(),
+        noise=_noise_scale.init_noise_scale(),
         gate_state=gate.init(),
         inner_state=inner.init(params),
         # zeros_like keeps the params' sharding, and their type inside shard_map.
@@ -420,116 +404,33 @@ def accumulate(
     _check_like_params(updates, state.accumulator)
     grad_sq = sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
-    fresh = state.num_draws == 0
-    n = state.num_draws + 1
+    accumulator = _add(state.accumulator, updates, ok, fresh=state.num_draws == 0)
+    stats = _draw_stats(state, grad_sq, sq_norm(accumulator, axis_name))
 
-    # The new running sum goes straight into the (donated) accumulator, before
-    # the cond: XLA writes it in place and the norm below reads it with no
-    # temporary. A stale accumulator (num_draws == 0) is overwritten, never
-    # zeroed; a rejected microbatch leaves it as it was.
-    def add(acc, g):
-      g = g.astype(acc.dtype)
-      return jnp.where(ok, jnp.where(fresh, g, acc + g), acc)
-
-    accumulator = jax.tree.map(add, state.accumulator, updates)
-    acc_norm = jnp.sqrt(sq_norm(accumulator, axis_name)) / n
-    grad_norm = jnp.sqrt(grad_sq)
-    keep = jnp.where(fresh, 0.0, 1.0)
-    stats = DrawStats(
-        num_draws=n,
-        num_batches=state.num_batches,
-        grad_norm=grad_norm,
-        acc_norm=acc_norm,
-        sum_sq_norms=keep * state.sum_sq_norms + grad_sq,
-        sum_norms=keep * state.sum_norms + grad_norm,
-        noise_scale=_noise_scale_in_draws(
-            state.grad_sq_norm_ema, state.trace_cov_ema, state.noise_weight
-        ),
-    )
+    # When it steps: the gate opens, or max_draws forces it, never on a
+    # rejected microbatch.
     gate_step, gate_state = gate.update(stats, state.gate_state, **extra_args)
     _check_gate_output(gate_step, gate_state, state.gate_state)
-    # max_draws and noise_decay may be traced (optax.inject_hyperparams), where
-    # jit cannot raise on a bad value: it is replaced, and counted.
-    draws_ok = jnp.asarray(max_draws) >= 1
-    decay_ok = (jnp.asarray(noise_decay) >= 0) & (jnp.asarray(noise_decay) < 1)
-    forced = ok & ~gate_step & (n >= jnp.maximum(max_draws, 1))
+    forced = ok & ~gate_step & (stats.num_draws >= jnp.maximum(max_draws, 1))
     step = ok & (gate_step | forced)
     _check_global_decision(grad_sq, step)
 
-    grad_dtypes = jax.tree.map(lambda g: g.dtype, updates)
-    if not apply:  # the zero updates' shapes: a second trace of inner, so only here
-      out_shape, _ = jax.eval_shape(
-          functools.partial(_inner_update, inner, extra_args),
-          updates,
-          state.inner_state,
-          params,
-      )
-
-    # The large buffers are operands, not closures: the step branch only reads
-    # the accumulator and updates the inner state (and the params) in place;
-    # the other branch passes them through unread. So XLA copies nothing. The
-    # inner state keeps the dtypes of init (bf16 params may give float32
-    # moments), as optax.MultiSteps does, so both branches agree.
-    def do_step(accumulator, inner_state, params):
-      mean = jax.tree.map(lambda acc, dt: (acc / n).astype(dt), accumulator, grad_dtypes)
-      new_updates, new_state = _inner_update(inner, extra_args, mean, inner_state, params)
-      new_state = optax.tree.cast_like(new_state, inner_state)
-      if scale_by_draws is not None:
-        scale = scale_by_draws(n)
-        new_updates = jax.tree.map(lambda u: (u * scale).astype(u.dtype), new_updates)
-      if apply:
-        # n < 0 is a zero the compiler cannot see: see _numerics.rounded.
-        new_updates = rounded(new_updates, (n < 0).astype(jnp.int32))
-        return optax.apply_updates(params, new_updates), new_state, jnp.asarray(True)
-      return new_updates, new_state, jnp.asarray(True)
-
-    def do_accumulate(accumulator, inner_state, params):
-      del accumulator
-      out = params if apply else optax.tree.zeros_like(out_shape)
-      return out, inner_state, jnp.asarray(False)
-
-    # The scalars below read the decision back from the cond (`stepped`, equal
-    # to `step`): XLA would otherwise copy the gate's arithmetic into each of
-    # the dozen small programs that compute them.
+    # One cond: the inner optimizer runs in the step branch alone. The large
+    # buffers are operands, not closures, so XLA updates them in place and
+    # copies nothing; the scalars after it read the decision back from the
+    # cond (`stepped`, equal to `step`) rather than recompute the gate's.
+    do_step, do_accumulate = _branches(
+        inner, extra_args, scale_by_draws, stats.num_draws, updates, state, params, apply
+    )
     out, inner_state, stepped = jax.lax.cond(
         step, do_step, do_accumulate, accumulator, state.inner_state, params
     )
-
-    def pick(on_step, on_accumulate, on_reject):
-      return jnp.where(stepped, on_step, jnp.where(ok, on_accumulate, on_reject))
-
-    # The noise-scale estimates of this step, in microbatches, folded into
-    # their EMAs on a step that averaged n >= 2 microbatches.
-    grad_sq_est, trace_est = noise_scale_estimates(
-        1.0, stats.sum_sq_norms / n, n, jnp.square(acc_norm)
-    )
-    fold = stepped & (n >= 2) & decay_ok
-
-    def ema(old, new):
-      return jnp.where(fold, noise_decay * old + (1.0 - noise_decay) * new, old)
-
-    zero_f = jnp.zeros([], jnp.float32)
-    new_state = AccumulateState(
-        num_draws=pick(0, n, state.num_draws),
-        num_batches=pick(state.num_batches + 1, state.num_batches + 1, state.num_batches),
-        num_steps=state.num_steps + stepped,
-        num_skipped=state.num_skipped + ~ok,
-        num_forced=state.num_forced + forced,
-        num_bad_hyperparams=state.num_bad_hyperparams + (ok & ~(draws_ok & decay_ok)),
-        last_num_draws=pick(n, state.last_num_draws, state.last_num_draws),
-        last_grad_norm=pick(acc_norm, state.last_grad_norm, state.last_grad_norm),
-        sum_sq_norms=pick(zero_f, stats.sum_sq_norms, state.sum_sq_norms),
-        sum_norms=pick(zero_f, stats.sum_norms, state.sum_norms),
-        acc_norm=pick(acc_norm, acc_norm, state.acc_norm),
-        microbatch_size=state.microbatch_size,
-        grad_sq_norm_ema=ema(state.grad_sq_norm_ema, grad_sq_est),
-        trace_cov_ema=ema(state.trace_cov_ema, trace_est),
-        noise_weight=ema(state.noise_weight, 1.0),
+    new_state = _count(state, stats, ok, stepped, forced, max_draws, noise_decay)
+    return out, new_state._replace(
         gate_state=optax.tree.where(ok, gate_state, state.gate_state),
         inner_state=inner_state,
         accumulator=accumulator,
     )
-    return out, new_state
 
   def update_fn(updates, state, params=None, **extra_args):
     return step_fn(updates, state, params, extra_args, apply=False)
@@ -538,6 +439,105 @@ def accumulate(
     return step_fn(updates, state, params, extra_args, apply=True)
 
   return AccumulationTransformation(init_fn, update_fn, update_and_apply_fn)
+
+
+def _add(accumulator: Any, updates: Any, ok: jax.Array, fresh: jax.Array) -> Any:
+  """The running sum with this microbatch: the donated accumulator, written in place.
+
+  A stale accumulator (``fresh``: the first microbatch after a step) is
+  overwritten, never zeroed; a rejected microbatch leaves it as it was.
+  """
+
+  def add(acc, g):
+    g = g.astype(acc.dtype)
+    return jnp.where(ok, jnp.where(fresh, g, acc + g), acc)
+
+  return jax.tree.map(add, accumulator, updates)
+
+
+def _draw_stats(state: AccumulateState, grad_sq: jax.Array, acc_sq: jax.Array) -> DrawStats:
+  """What the gate reads: the running scalars with this microbatch counted."""
+  n = state.num_draws + 1
+  grad_norm = jnp.sqrt(grad_sq)
+  keep = jnp.where(state.num_draws == 0, 0.0, 1.0)  # the sums restart after a step
+  return DrawStats(
+      num_draws=n,
+      num_batches=state.num_batches,
+      grad_norm=grad_norm,
+      acc_norm=jnp.sqrt(acc_sq) / n,
+      sum_sq_norms=keep * state.sum_sq_norms + grad_sq,
+      sum_norms=keep * state.sum_norms + grad_norm,
+      noise_scale=_noise_scale.ratio(state.noise),
+  )
+
+
+def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, apply):
+  """The cond's two branches: step the inner optimizer on the mean, or pass through.
+
+  Each takes ``(accumulator, inner_state, params)`` and returns ``(out,
+  inner_state, stepped)``, where ``out`` is the updates, or with ``apply`` the
+  new params. The inner state keeps the dtypes of init (bf16 params may give
+  float32 moments), as ``optax.MultiSteps`` does, so both branches agree.
+  """
+  grad_dtypes = jax.tree.map(lambda g: g.dtype, updates)
+  if not apply:  # the zero updates' shapes: a second trace of inner, so only here
+    out_shape, _ = jax.eval_shape(
+        functools.partial(_inner_update, inner, extra_args), updates, state.inner_state, params
+    )
+
+  def do_step(accumulator, inner_state, params):
+    mean = jax.tree.map(lambda acc, dt: (acc / n).astype(dt), accumulator, grad_dtypes)
+    new_updates, new_state = _inner_update(inner, extra_args, mean, inner_state, params)
+    new_state = optax.tree.cast_like(new_state, inner_state)
+    if scale_by_draws is not None:
+      scale = scale_by_draws(n)
+      new_updates = jax.tree.map(lambda u: (u * scale).astype(u.dtype), new_updates)
+    if apply:
+      # n < 0 is a zero the compiler cannot see: see _numerics.rounded.
+      new_updates = rounded(new_updates, (n < 0).astype(jnp.int32))
+      return optax.apply_updates(params, new_updates), new_state, jnp.asarray(True)
+    return new_updates, new_state, jnp.asarray(True)
+
+  def do_accumulate(accumulator, inner_state, params):
+    del accumulator
+    out = params if apply else optax.tree.zeros_like(out_shape)
+    return out, inner_state, jnp.asarray(False)
+
+  return do_step, do_accumulate
+
+
+def _count(state, stats, ok, stepped, forced, max_draws, noise_decay) -> AccumulateState:
+  """The new counters, running sums and noise scale; the buffers as they were."""
+  n = stats.num_draws
+
+  def pick(on_step, on_accumulate, on_reject):
+    return jnp.where(stepped, on_step, jnp.where(ok, on_accumulate, on_reject))
+
+  # max_draws and noise_decay may be traced (optax.inject_hyperparams), where
+  # jit cannot raise on a bad value: it is replaced, and counted.
+  draws_ok = jnp.asarray(max_draws) >= 1
+  decay_ok = (jnp.asarray(noise_decay) >= 0) & (jnp.asarray(noise_decay) < 1)
+  # This step's estimates, in microbatches: the small batch is one microbatch.
+  grad_sq_est, trace_est = _noise_scale.noise_scale_estimates(
+      1.0, stats.sum_sq_norms / n, n, jnp.square(stats.acc_norm)
+  )
+  zero_f = jnp.zeros([], jnp.float32)
+  return state._replace(
+      num_draws=pick(0, n, state.num_draws),
+      num_batches=pick(state.num_batches + 1, state.num_batches + 1, state.num_batches),
+      num_steps=state.num_steps + stepped,
+      num_skipped=state.num_skipped + ~ok,
+      num_forced=state.num_forced + forced,
+      num_bad_hyperparams=state.num_bad_hyperparams + (ok & ~(draws_ok & decay_ok)),
+      last_num_draws=pick(n, state.last_num_draws, state.last_num_draws),
+      last_grad_norm=pick(stats.acc_norm, state.last_grad_norm, state.last_grad_norm),
+      sum_sq_norms=pick(zero_f, stats.sum_sq_norms, state.sum_sq_norms),
+      sum_norms=pick(zero_f, stats.sum_norms, state.sum_norms),
+      acc_norm=pick(stats.acc_norm, stats.acc_norm, state.acc_norm),
+      noise=_noise_scale.fold(
+          state.noise, grad_sq_est, trace_est, noise_decay, stepped & (n >= 2) & decay_ok
+      ),
+  )
 
 
 def update_and_apply(
@@ -603,10 +603,10 @@ def _inner_update(inner, extra_args, updates, inner_state, params):
   return inner.update(updates, inner_state, params, **extra_args)
 
 
-def _gate_entries(gate_state: Any):
+def gate_entries(gate_state: Any):
   """The ``(name, value)`` entries of a gate state, of combined gates' too."""
   if isinstance(gate_state, dict):
     yield from gate_state.items()
   elif isinstance(gate_state, tuple | list):
     for sub in gate_state:
-      yield from _gate_entries(sub)
+      yield from gate_entries(sub)

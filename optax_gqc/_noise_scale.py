@@ -60,12 +60,68 @@ def noise_scale_estimates(
 
 
 class NoiseScaleState(NamedTuple):
-  """State of :func:`noise_scale`."""
+  r"""Running estimates of the noise scale: the state of :func:`noise_scale`.
+
+  The accumulation engine keeps one too, in microbatches (``state.noise``).
+  Each field is a raw EMA; ``weight`` is their total weight, so the
+  bias-corrected estimate of :math:`|G|^2` is ``grad_sq_norm_ema / weight``.
+  """
 
   grad_sq_norm_ema: jax.Array  # float32: raw EMA of the |G|^2 estimates.
   trace_cov_ema: jax.Array  # float32: raw EMA of the tr(Sigma) estimates.
-  noise_weight: jax.Array  # float32: 1 - decay^k after k updates, the EMAs' weight.
-  noise_scale: jax.Array  # float32: B_simple, the ratio of the EMAs.
+  weight: jax.Array  # float32: 1 - decay^k after k estimates, the EMAs' total weight.
+
+  @property
+  def noise_scale(self) -> jax.Array:
+    """:math:`B_\text{simple}`, in the units of the small batch: see :func:`ratio`."""
+    return ratio(self)
+
+
+def init_noise_scale() -> NoiseScaleState:
+  """Estimates before any: a weight of 0. Separate arrays, so that a donated state may hold them."""
+  return NoiseScaleState(*(jnp.zeros([], jnp.float32) for _ in NoiseScaleState._fields))
+
+
+def fold(
+    state: NoiseScaleState, grad_sq_norm: Any, trace_cov: Any, decay: Any, where: Any = True
+) -> NoiseScaleState:
+  """Folds one pair of estimates into the EMAs, where ``where``; keeps them elsewhere."""
+
+  def ema(old, new):
+    return jnp.where(where, decay * old + (1.0 - decay) * new, old)
+
+  return NoiseScaleState(
+      ema(state.grad_sq_norm_ema, grad_sq_norm),
+      ema(state.trace_cov_ema, trace_cov),
+      ema(state.weight, 1.0),
+  )
+
+
+def ratio(state: NoiseScaleState) -> jax.Array:
+  r"""The noise scale :math:`B_\text{simple} = \operatorname{tr}(\Sigma) / |G|^2` of the EMAs.
+
+  The one edge rule of the package: NaN before any estimate; :math:`+\infty`
+  while the estimate of :math:`|G|^2` is not positive (the noise swamps the
+  signal); a negative estimate of the trace counts as 0. The EMAs' bias
+  correction cancels in the ratio.
+  """
+  g, t = state.grad_sq_norm_ema, jnp.maximum(state.trace_cov_ema, 0.0)
+  b = jnp.where(g > 0, t / jnp.where(g > 0, g, 1.0), jnp.inf)
+  return jnp.where(state.weight > 0, b, jnp.nan)
+
+
+def report(state: NoiseScaleState, examples: Any = 1.0) -> dict[str, jax.Array]:
+  """What ``statistics`` logs of the estimates: bias-corrected, NaN before any.
+
+  ``examples`` converts the small batch's units to examples (the engine's
+  microbatch size).
+  """
+  weight = jnp.where(state.weight > 0, state.weight, jnp.nan)
+  return {
+      'noise_scale': ratio(state) * examples,
+      'grad_sq_norm_est': state.grad_sq_norm_ema / weight,
+      'trace_cov_est': state.trace_cov_ema / weight * examples,
+  }
 
 
 def noise_scale(
@@ -147,8 +203,7 @@ def noise_scale(
 
   def init_fn(params):
     del params
-    zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
-    return NoiseScaleState(zero(), zero(), zero(), jnp.full([], jnp.nan, jnp.float32))
+    return init_noise_scale()
 
   def update_fn(updates, state, params=None):
     del params
@@ -164,12 +219,7 @@ def noise_scale(
     small_sq = jax.lax.pmean(sq_norm(updates), axis_name)
     big_sq = sq_norm(jax.lax.pmean(updates, axis_name))
     grad_sq, trace = noise_scale_estimates(batch, small_sq, devices * batch, big_sq)
-
-    def ema(old, new):
-      return decay * old + (1.0 - decay) * new
-
-    g_ema, t_ema = ema(state.grad_sq_norm_ema, grad_sq), ema(state.trace_cov_ema, trace)
-    return updates, NoiseScaleState(g_ema, t_ema, ema(state.noise_weight, 1.0), t_ema / g_ema)
+    return updates, fold(state, grad_sq, trace, decay)
 
   return optax.GradientTransformation(init_fn, update_fn)
 

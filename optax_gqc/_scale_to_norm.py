@@ -70,3 +70,13 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
     return updates, ScaleToNormState(optax.safe_increment(state.count), goal, norm)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def report(s: ScaleToNormState) -> dict[str, jax.Array]:
+  """What ``statistics`` logs; it steps on every microbatch: as many microbatches as steps."""
+  return {
+      'num_batches': s.count,
+      'num_steps': s.count,
+      'target': s.target,
+      'grad_norm': s.grad_norm,
+  }

@@ -306,3 +306,24 @@ def sgd_sai(
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
   )
+
+
+def gsnr_report(s: ScaleByGsnrState) -> dict[str, jax.Array]:
+  """What ``statistics`` logs of the g-SNR: its range over the leaves that have it."""
+  computed = [jnp.asarray(c) for c in jax.tree.leaves(s.computed)]
+  if not computed:  # no parameters
+    nan = jnp.full([], jnp.nan, jnp.float32)
+    return {'gsnr_min': nan, 'gsnr_max': nan, 'num_pending_gsnr': jnp.zeros([], jnp.int32)}
+  computed = jnp.stack(computed)
+  gsnr = jnp.stack([jnp.asarray(g) for g in jax.tree.leaves(s.gsnr)])
+  some = jnp.any(computed)
+  return {
+      'gsnr_min': jnp.where(some, jnp.min(jnp.where(computed, gsnr, jnp.inf)), jnp.nan),
+      'gsnr_max': jnp.where(some, jnp.max(jnp.where(computed, gsnr, -jnp.inf)), jnp.nan),
+      'num_pending_gsnr': jnp.sum(~computed, dtype=jnp.int32),
+  }
+
+
+def momentum_report(s: SgdSaiMomentumState) -> dict[str, jax.Array]:
+  """What ``statistics`` logs of SGD-SaI's momentum: its count of steps."""
+  return {'num_batches': s.count, 'num_steps': s.count}

@@ -7,10 +7,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optax_gqc._accumulation import AccumulateState, _gate_entries
-from optax_gqc._noise_scale import NoiseScaleState
-from optax_gqc._scale_to_norm import ScaleToNormState
-from optax_gqc._sgd_sai import ScaleByGsnrState, SgdSaiMomentumState
+from optax_gqc import _noise_scale, _scale_to_norm, _sgd_sai
+from optax_gqc._accumulation import AccumulateState, gate_entries
 
 
 def _is_variable(x: Any) -> bool:
@@ -23,7 +21,7 @@ def _flat_gate_stats(gate_state: Any, out: dict[str, jax.Array]) -> None:
 
   Every gate's ``num_bad_hyperparams`` adds to the one in ``out``.
   """
-  for key, value in _gate_entries(gate_state):
+  for key, value in gate_entries(gate_state):
     if key == 'num_bad_hyperparams':
       out[key] = out[key] + value
       continue
@@ -33,17 +31,6 @@ def _flat_gate_stats(gate_state: Any, out: dict[str, jax.Array]) -> None:
     while name in out:
       name, i = f'{key}_{i}', i + 1
     out[name] = value
-
-
-def _ratio_of_emas(grad_sq_norm_ema, trace_cov_ema, noise_weight, examples=1.0):
-  """The bias-corrected noise-scale estimates: NaN until an estimate exists."""
-  weight = jnp.where(noise_weight > 0, noise_weight, jnp.nan)
-  out = {
-      'grad_sq_norm_est': grad_sq_norm_ema / weight,
-      'trace_cov_est': trace_cov_ema / weight * examples,
-  }
-  out['noise_scale'] = out['trace_cov_est'] / out['grad_sq_norm_est']
-  return out
 
 
 def _accumulation_report(s: AccumulateState) -> dict[str, jax.Array]:
@@ -64,45 +51,9 @@ def _accumulation_report(s: AccumulateState) -> dict[str, jax.Array]:
   }
   # The EMAs are in microbatches; in examples where the microbatch size is known.
   examples = jnp.where(s.microbatch_size > 0, s.microbatch_size, 1).astype(jnp.float32)
-  out.update(_ratio_of_emas(s.grad_sq_norm_ema, s.trace_cov_ema, s.noise_weight, examples))
+  out.update(_noise_scale.report(s.noise, examples))
   _flat_gate_stats(s.gate_state, out)
   return out
-
-
-def _scale_to_norm_report(s: ScaleToNormState) -> dict[str, jax.Array]:
-  # It steps on every microbatch: as many microbatches as steps.
-  return {
-      'num_batches': s.count,
-      'num_steps': s.count,
-      'target': s.target,
-      'grad_norm': s.grad_norm,
-  }
-
-
-def _noise_scale_report(s: NoiseScaleState) -> dict[str, jax.Array]:
-  # Its estimates are in examples already when its microbatch size is known.
-  out = _ratio_of_emas(s.grad_sq_norm_ema, s.trace_cov_ema, s.noise_weight)
-  out['noise_scale'] = s.noise_scale  # the same ratio, as the state holds it
-  return out
-
-
-def _gsnr_report(s: ScaleByGsnrState) -> dict[str, jax.Array]:
-  computed = [jnp.asarray(c) for c in jax.tree.leaves(s.computed)]
-  if not computed:  # no parameters
-    nan = jnp.full([], jnp.nan, jnp.float32)
-    return {'gsnr_min': nan, 'gsnr_max': nan, 'num_pending_gsnr': jnp.zeros([], jnp.int32)}
-  computed = jnp.stack(computed)
-  gsnr = jnp.stack([jnp.asarray(g) for g in jax.tree.leaves(s.gsnr)])
-  some = jnp.any(computed)
-  return {
-      'gsnr_min': jnp.where(some, jnp.min(jnp.where(computed, gsnr, jnp.inf)), jnp.nan),
-      'gsnr_max': jnp.where(some, jnp.max(jnp.where(computed, gsnr, -jnp.inf)), jnp.nan),
-      'num_pending_gsnr': jnp.sum(~computed, dtype=jnp.int32),
-  }
-
-
-def _momentum_report(s: SgdSaiMomentumState) -> dict[str, jax.Array]:
-  return {'num_batches': s.count, 'num_steps': s.count}
 
 
 def _multi_steps_report(s: optax.MultiStepsState) -> dict[str, jax.Array]:
@@ -130,14 +81,14 @@ def _counts_steps(x: Any) -> bool:
   )
 
 
-# What statistics reports of each state the library creates, in this order of
-# precedence where two report the same name.
+# What statistics reports of each state the library creates: a transformation
+# keeps its report beside its state, and is registered here.
 _REPORTS = {
     AccumulateState: _accumulation_report,
-    ScaleToNormState: _scale_to_norm_report,
-    NoiseScaleState: _noise_scale_report,
-    ScaleByGsnrState: _gsnr_report,
-    SgdSaiMomentumState: _momentum_report,
+    _scale_to_norm.ScaleToNormState: _scale_to_norm.report,
+    _noise_scale.NoiseScaleState: _noise_scale.report,
+    _sgd_sai.ScaleByGsnrState: _sgd_sai.gsnr_report,
+    _sgd_sai.SgdSaiMomentumState: _sgd_sai.momentum_report,
     optax.MultiStepsState: _multi_steps_report,
 }
 
@@ -190,9 +141,9 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   (0 when not given); the noise scale ``noise_scale``
   (:math:`B_\text{simple}`) with its parts ``grad_sq_norm_est`` and
   ``trace_cov_est`` (bias-corrected EMAs; NaN until a step has averaged
-  two microbatches; the raw ratio, negative when the estimate of
-  :math:`|G|^2` is, where noise swamps the signal: a gate reads that as an
-  infinite noise scale); and the gate's reported entries: its current
+  two microbatches; ``noise_scale`` is infinite while the estimate of
+  :math:`|G|^2` is not positive, where noise swamps the signal, the rule
+  the gates read too); and the gate's reported entries: its current
   hyperparameters (e.g. ``threshold``), estimates and counters, but not the
   running sums it keeps for itself (see :class:`~optax_gqc.gates.Gate`). A
   gate entry whose name is taken gets a suffix ``_1``, ``_2``, ...

@@ -774,10 +774,11 @@ def test_an_injected_nan_noise_decay_keeps_the_estimates_and_is_counted():
 
   ref = run_stats(make(), num=6)
   out = run_stats(tx, num=6, state_hook=poison)
-  assert float(out[3]['noise_scale']) == float(ref[3]['noise_scale'])
-  # The step at microbatch 5 folds no estimate: the noise scale stays finite, as it was.
-  assert float(out[-1]['noise_scale']) == float(out[3]['noise_scale'])
-  assert float(ref[-1]['noise_scale']) != float(ref[3]['noise_scale'])
+  for name in ('grad_sq_norm_est', 'trace_cov_est'):
+    assert float(out[3][name]) == float(ref[3][name])
+    # The step at microbatch 5 folds no estimate: the estimates stay as they were.
+    assert float(out[-1][name]) == float(out[3][name])
+    assert float(ref[-1][name]) != float(ref[3][name])
   assert int(out[-1]['num_bad_hyperparams']) == 2 and int(ref[-1]['num_bad_hyperparams']) == 0
 
 

@@ -131,7 +131,7 @@ def test_standalone_noise_scale_under_named_vmap():
       8, np.mean(np.sum(g**2, 1)), 8 * devices, np.sum(g.mean(0) ** 2)
   )
   assert float(state.noise_scale) == pytest.approx(float(trace / grad_sq), rel=1e-5)
-  assert float(state.noise_weight) == 0.5
+  assert float(state.weight) == 0.5
 
 
 def test_standalone_noise_scale_needs_axis_name():
@@ -290,3 +290,29 @@ def test_pmean_of_gradients_summed_by_check_vma_is_their_sum(check_vma_runs):
   np.testing.assert_allclose(
       check_vma_runs['check_vma_replicated_no_estimate']['mean'], 8 * reference, rtol=1e-5
   )
+
+
+@pytest.mark.parametrize(
+    'grad_sq_ema, trace_ema, weight, expected',
+    [
+        (0.0, 0.0, 0.0, np.nan),  # no estimate yet
+        (2.0, 6.0, 0.5, 3.0),  # the bias correction cancels
+        (0.0, 6.0, 0.5, np.inf),  # |G|^2 not positive: noise swamps the signal
+        (-1.0, 6.0, 0.5, np.inf),
+        (2.0, -6.0, 0.5, 0.0),  # a negative trace counts as 0
+    ],
+)
+def test_one_edge_rule_for_the_noise_scale_everywhere(grad_sq_ema, trace_ema, weight, expected):
+  noise = optax_gqc.NoiseScaleState(*(jnp.float32(x) for x in (grad_sq_ema, trace_ema, weight)))
+  np.testing.assert_equal(float(noise.noise_scale), expected)
+  # The engine's gate and its statistics read the same rule, in microbatches and examples.
+  tx = optax_gqc.accumulate(
+      optax.sgd(0.1), optax_gqc.gates.batch_size_at_least(4, 2), microbatch_size=2
+  )
+  state = tx.init({'w': jnp.zeros(2)})._replace(noise=noise)
+  np.testing.assert_equal(float(optax_gqc.statistics(state)['noise_scale']), 2 * expected)
+  seen = []
+  gate = optax_gqc.gates.from_function(lambda stats: seen.append(stats.noise_scale) or True)
+  tx = optax_gqc.accumulate(optax.sgd(0.1), gate)
+  tx.update({'w': jnp.ones(2)}, tx.init({'w': jnp.zeros(2)})._replace(noise=noise))
+  np.testing.assert_equal(float(seen[0]), expected)
