@@ -16,7 +16,7 @@ import optax
 
 from optax_gqc import _checks, _noise_scale
 from optax_gqc._noise_scale import NoiseScaleState
-from optax_gqc._numerics import rounded, sq_norm, varying_axes
+from optax_gqc._numerics import rounded, sq_norm
 from optax_gqc.gates import DrawStats, Gate
 
 
@@ -124,82 +124,16 @@ def _describe_state(state: Any) -> str:
   return f"({', '.join(names)})" if names else type(state).__name__
 
 
-def _check_like_params(updates: Any, accumulator: Any) -> None:
-  """Raises at trace time if the gradients do not match the params from init."""
-  if jax.tree.structure(updates) != jax.tree.structure(accumulator):
+def _one_microbatch_size(given: Any, gates: int | None) -> Any:
+  """The microbatch size, given to accumulate or to its gate, or to both alike."""
+  if gates is None:
+    return given
+  if given is not None and not isinstance(given, jax.Array) and given != gates:
     raise ValueError(
-        'accumulate: the gradient tree does not match the params given to init: '
-        f'{jax.tree.structure(updates)} vs {jax.tree.structure(accumulator)}. Pass gradients '
-        'of those params (jax.grad of the loss with respect to them)'
+        f'accumulate: microbatch_size={given}, but the gate counts microbatches of '
+        f'{gates} examples: give it once, to the gate (accumulate reads it there)'
     )
-  for path, g, a in zip(
-      jax.tree_util.tree_leaves_with_path(updates),
-      jax.tree.leaves(updates),
-      jax.tree.leaves(accumulator),
-      strict=True,
-  ):
-    key = jax.tree_util.keystr(path[0])
-    where = f'accumulate: gradient {key}' if key else 'accumulate: the gradient'
-    if not (hasattr(g, 'shape') and hasattr(g, 'dtype')):
-      raise TypeError(
-          f'{where} is a {type(g).__name__} ({g!r}), not an array: pass arrays, as jax.grad '
-          'returns them (jnp.asarray(x) of a number)'
-      )
-    if g.shape != a.shape:
-      raise ValueError(
-          f'{where} has shape {g.shape}, but the params given to init had {a.shape}: pass '
-          'gradients of those params'
-      )
-    if not jnp.issubdtype(g.dtype, jnp.inexact):
-      raise TypeError(
-          f'{where} has dtype {g.dtype}: gradients must be floating point or complex (an '
-          'integer mean would be truncated). Cast it to a float, or keep integer leaves out '
-          'of the optimizer (optax.partition, optax.set_to_zero)'
-      )
-    if jnp.iscomplexobj(g) and not jnp.iscomplexobj(a):
-      raise TypeError(
-          f'{where} is complex ({g.dtype}), but the params given to init were real: '
-          'initialize with the complex params'
-      )
-
-
-def _check_gate_output(step: Any, new_state: Any, old_state: Any) -> None:
-  """Raises at trace time if a gate's update breaks the Gate protocol."""
-  _checks.check_decision(step, 'gate: update')
-  if jax.tree.structure(new_state) != jax.tree.structure(old_state) or any(
-      jnp.result_type(a) != jnp.result_type(b) or jnp.shape(a) != jnp.shape(b)
-      for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(old_state), strict=True)
-  ):
-    raise TypeError(
-        'gate: update must return a state with the structure, shapes and dtypes of '
-        'gate.init(): keep the same entries, and cast new values to their dtypes'
-    )
-
-
-def _check_global_decision(grad_sq: jax.Array, step: jax.Array) -> None:
-  """Raises at trace time if, inside ``jax.shard_map``, devices could decide apart.
-
-  JAX tracks which values vary across the mapped axes (``check_vma=True``, the
-  default); the decision to step must not.
-  """
-  axes = sorted(varying_axes(grad_sq))
-  if axes:
-    name = repr(axes[0]) if len(axes) == 1 else repr(tuple(axes))
-    raise ValueError(
-        f'accumulate: the gradient norm varies across the mapped axes {axes}, so '
-        'devices would step at different microbatches. If the parameters are '
-        f'sharded across them (FSDP), pass axis_name={name}; if each device holds '
-        'whole gradients of its own data, average them across the data axes first '
-        '(jax.lax.pmean); if each device trains a model of its own (an ensemble), '
-        'pass check_vma=False to shard_map'
-    )
-  axes = varying_axes(step)
-  if axes:
-    raise ValueError(
-        f"accumulate: the gate's decision varies across the mapped axes {sorted(axes)}: "
-        'an extra argument it reads (such as value=loss) differs between devices; '
-        'average it across those axes first (jax.lax.pmean)'
-    )
+  return gates if given is None else given
 
 
 def _accumulator_dtype(requested: Any, param: jax.Array) -> Any:
@@ -261,7 +195,9 @@ def accumulate(
       change it mid-run; a traced value below 1 is taken as 1 (a step on every
       microbatch) and counted in ``num_bad_hyperparams``.
     microbatch_size: examples per microbatch; used to report the noise scale
-      in examples. Optional.
+      in examples. Optional; None takes the gate's, where the gate counts
+      examples (:func:`optax_gqc.gates.critical_batch`), and another value
+      than the gate's raises ``ValueError``.
     accumulator_dtype: dtype of the accumulator. None (the default) means
       float32, or the gradients' own dtype where it is wider (float64) or
       complex; bf16 gradients are accumulated in float32. (None rather than
@@ -292,25 +228,11 @@ def accumulate(
       a model of their own, an ensemble, need ``check_vma=False``).
 
   The engine also estimates the gradient noise scale
-  :math:`B_\text{simple} = \operatorname{tr}(\Sigma) / |G|^2` of McCandlish et al.
-  from the same scalars, with no extra buffer: at every step that averaged
-  :math:`n \ge 2` microbatches, the small batch is one microbatch (its squared
-  norm averaged over all :math:`n`) and the big batch is their mean; see
-  :func:`optax_gqc.noise_scale_estimates`. The two estimates are smoothed
-  separately by a bias-corrected EMA and divided (:func:`statistics` reports
-  ``noise_scale``, ``grad_sq_norm_est``, ``trace_cov_est``), in examples when
-  ``microbatch_size`` is given, in microbatches otherwise. Unlike GPT-NeoX's
-  ``GradientNoiseScale``, both batches come from the same parameters (it pairs
-  gradients from consecutive optimizer steps) and all microbatches of the step
-  form the small-batch estimate, not only the last.
-
-  The estimate is unbiased when the decision to step does not depend on the
-  current microbatches (:func:`optax_gqc.gates.batch_size_at_least`,
-  :func:`optax_gqc.gates.critical_batch`, ``max_draws``). A gate that reads
-  them chooses where to stop: GNTS stops when the mean happens to be short,
-  which biases the estimate up, and the norm test biases it down. For a noise
-  scale to trust, read it from such an accumulation, or from
-  :func:`optax_gqc.noise_scale` across devices.
+  :math:`B_\text{simple}` of McCandlish et al. from the same scalars, with no
+  extra buffer (``state.noise``, a :class:`~optax_gqc.NoiseScaleState`, in
+  microbatches); :func:`statistics` reports it, in examples when
+  ``microbatch_size`` is given. See :class:`~optax_gqc.NoiseScaleState` for
+  how, and when to trust it.
 
   Returns:
     An :class:`AccumulationTransformation`, an
@@ -346,19 +268,8 @@ def accumulate(
   _checks.check_positive_int('max_draws', max_draws, ', or max_draws=None for no limit')
   if microbatch_size is not None:
     _checks.check_positive_int('microbatch_size', microbatch_size, ', or None')
-  _checks.check_float_dtype('accumulator_dtype', accumulator_dtype)
-  if (
-      accumulator_dtype is not None
-      and jnp.finfo(accumulator_dtype).maxexp < jnp.finfo(jnp.float32).maxexp
-  ):
-    # float16 overflows a running sum of ordinary gradients (its largest value
-    # is 65504); bfloat16 has float32's range.
-    raise ValueError(
-        f'accumulator_dtype {jnp.dtype(accumulator_dtype)} is too narrow for a running sum: '
-        f'its largest value is {float(jnp.finfo(accumulator_dtype).max):g}, so a sum of finite '
-        'gradients overflows to inf and the parameters are lost. Pass '
-        "accumulator_dtype=jnp.bfloat16 (float32's range) or None (float32)"
-    )
+  microbatch_size = _one_microbatch_size(microbatch_size, gate.microbatch_size)
+  _checks.check_accumulator_dtype(accumulator_dtype)
   _checks.check_bool('skip_nonfinite', skip_nonfinite)
   _checks.check_unit_interval('noise_decay', noise_decay)
   if scale_by_draws is not None and not callable(scale_by_draws):
@@ -401,7 +312,7 @@ def accumulate(
   def step_fn(updates, state, params, extra_args, apply):
     """One microbatch; with ``apply``, returns new params in place of updates."""
     _check_state(state, gate, inner)
-    _check_like_params(updates, state.accumulator)
+    _checks.check_like_params(updates, state.accumulator)
     grad_sq = sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
     accumulator = _add(state.accumulator, updates, ok, fresh=state.num_draws == 0)
@@ -410,10 +321,10 @@ def accumulate(
     # When it steps: the gate opens, or max_draws forces it, never on a
     # rejected microbatch.
     gate_step, gate_state = gate.update(stats, state.gate_state, **extra_args)
-    _check_gate_output(gate_step, gate_state, state.gate_state)
+    _checks.check_gate_output(gate_step, gate_state, state.gate_state)
     forced = ok & ~gate_step & (stats.num_draws >= jnp.maximum(max_draws, 1))
     step = ok & (gate_step | forced)
-    _check_global_decision(grad_sq, step)
+    _checks.check_global_decision(grad_sq, step)
 
     # One cond: the inner optimizer runs in the step branch alone. The large
     # buffers are operands, not closures, so XLA updates them in place and

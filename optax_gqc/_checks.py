@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from optax_gqc._numerics import varying_axes
+
 _INT32_MAX = 2**31 - 1
 
 
@@ -173,4 +175,96 @@ def check_decision(step: Any, who: str) -> None:
         f"{who} must return a boolean scalar as the gate's decision, got "
         f'{jnp.result_type(step)} of shape {jnp.shape(step)}: compare, e.g. '
         'stats.acc_norm <= 0.5 (and reduce an array with jnp.all or jnp.any)'
+    )
+
+
+def check_accumulator_dtype(dtype: Any) -> None:
+  """Raises unless ``dtype`` is None or a float dtype with at least float32's range."""
+  check_float_dtype('accumulator_dtype', dtype)
+  if dtype is not None and jnp.finfo(dtype).maxexp < jnp.finfo(jnp.float32).maxexp:
+    # float16 overflows a running sum of ordinary gradients (its largest value
+    # is 65504); bfloat16 has float32's range.
+    raise ValueError(
+        f'accumulator_dtype {jnp.dtype(dtype)} is too narrow for a running sum: '
+        f'its largest value is {float(jnp.finfo(dtype).max):g}, so a sum of finite '
+        'gradients overflows to inf and the parameters are lost. Pass '
+        "accumulator_dtype=jnp.bfloat16 (float32's range) or None (float32)"
+    )
+
+
+def check_like_params(updates: Any, accumulator: Any) -> None:
+  """Raises at trace time if the gradients do not match the params from init."""
+  if jax.tree.structure(updates) != jax.tree.structure(accumulator):
+    raise ValueError(
+        'accumulate: the gradient tree does not match the params given to init: '
+        f'{jax.tree.structure(updates)} vs {jax.tree.structure(accumulator)}. Pass gradients '
+        'of those params (jax.grad of the loss with respect to them)'
+    )
+  for path, g, a in zip(
+      jax.tree_util.tree_leaves_with_path(updates),
+      jax.tree.leaves(updates),
+      jax.tree.leaves(accumulator),
+      strict=True,
+  ):
+    key = jax.tree_util.keystr(path[0])
+    where = f'accumulate: gradient {key}' if key else 'accumulate: the gradient'
+    if not (hasattr(g, 'shape') and hasattr(g, 'dtype')):
+      raise TypeError(
+          f'{where} is a {type(g).__name__} ({g!r}), not an array: pass arrays, as jax.grad '
+          'returns them (jnp.asarray(x) of a number)'
+      )
+    if g.shape != a.shape:
+      raise ValueError(
+          f'{where} has shape {g.shape}, but the params given to init had {a.shape}: pass '
+          'gradients of those params'
+      )
+    if not jnp.issubdtype(g.dtype, jnp.inexact):
+      raise TypeError(
+          f'{where} has dtype {g.dtype}: gradients must be floating point or complex (an '
+          'integer mean would be truncated). Cast it to a float, or keep integer leaves out '
+          'of the optimizer (optax.partition, optax.set_to_zero)'
+      )
+    if jnp.iscomplexobj(g) and not jnp.iscomplexobj(a):
+      raise TypeError(
+          f'{where} is complex ({g.dtype}), but the params given to init were real: '
+          'initialize with the complex params'
+      )
+
+
+def check_gate_output(step: Any, new_state: Any, old_state: Any) -> None:
+  """Raises at trace time if a gate's update breaks the Gate protocol."""
+  check_decision(step, 'gate: update')
+  if jax.tree.structure(new_state) != jax.tree.structure(old_state) or any(
+      jnp.result_type(a) != jnp.result_type(b) or jnp.shape(a) != jnp.shape(b)
+      for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(old_state), strict=True)
+  ):
+    raise TypeError(
+        'gate: update must return a state with the structure, shapes and dtypes of '
+        'gate.init(): keep the same entries, and cast new values to their dtypes'
+    )
+
+
+def check_global_decision(grad_sq: jax.Array, step: jax.Array) -> None:
+  """Raises at trace time if, inside ``jax.shard_map``, devices could decide apart.
+
+  JAX tracks which values vary across the mapped axes (``check_vma=True``, the
+  default); the decision to step must not.
+  """
+  axes = sorted(varying_axes(grad_sq))
+  if axes:
+    name = repr(axes[0]) if len(axes) == 1 else repr(tuple(axes))
+    raise ValueError(
+        f'accumulate: the gradient norm varies across the mapped axes {axes}, so '
+        'devices would step at different microbatches. If the parameters are '
+        f'sharded across them (FSDP), pass axis_name={name}; if each device holds '
+        'whole gradients of its own data, average them across the data axes first '
+        '(jax.lax.pmean); if each device trains a model of its own (an ensemble), '
+        'pass check_vma=False to shard_map'
+    )
+  axes = varying_axes(step)
+  if axes:
+    raise ValueError(
+        f"accumulate: the gate's decision varies across the mapped axes {sorted(axes)}: "
+        'an extra argument it reads (such as value=loss) differs between devices; '
+        'average it across those axes first (jax.lax.pmean)'
     )

@@ -62,9 +62,29 @@ def noise_scale_estimates(
 class NoiseScaleState(NamedTuple):
   r"""Running estimates of the noise scale: the state of :func:`noise_scale`.
 
-  The accumulation engine keeps one too, in microbatches (``state.noise``).
   Each field is a raw EMA; ``weight`` is their total weight, so the
-  bias-corrected estimate of :math:`|G|^2` is ``grad_sq_norm_ema / weight``.
+  bias-corrected estimate of :math:`|G|^2` is ``grad_sq_norm_ema / weight``,
+  and ``noise_scale`` their ratio: NaN before any estimate, infinite while
+  the estimate of :math:`|G|^2` is not positive (the noise swamps the
+  signal), and 0 while that of the trace is negative. Every gate and
+  ``statistics`` read it by this one rule.
+
+  :func:`optax_gqc.accumulate` keeps one too (``state.noise``), in
+  microbatches, from the scalars it keeps anyway: at every step that averaged
+  :math:`n \ge 2` microbatches, the small batch is one microbatch (its squared
+  norm averaged over all :math:`n`) and the big batch is their mean; see
+  :func:`optax_gqc.noise_scale_estimates`. Unlike GPT-NeoX's
+  ``GradientNoiseScale``, both batches come from the same parameters (it pairs
+  gradients from consecutive optimizer steps) and all microbatches of the step
+  form the small-batch estimate, not only the last.
+
+  The engine's estimate is unbiased when the decision to step does not depend
+  on the current microbatches (:func:`optax_gqc.gates.batch_size_at_least`,
+  :func:`optax_gqc.gates.critical_batch`, ``max_draws``). A gate that reads
+  them chooses where to stop: GNTS stops when the mean happens to be short,
+  which biases the estimate up, and the norm test biases it down. For a noise
+  scale to trust, read it from such an accumulation, or from
+  :func:`optax_gqc.noise_scale` across devices.
   """
 
   grad_sq_norm_ema: jax.Array  # float32: raw EMA of the |G|^2 estimates.
@@ -73,7 +93,7 @@ class NoiseScaleState(NamedTuple):
 
   @property
   def noise_scale(self) -> jax.Array:
-    """:math:`B_\text{simple}`, in the units of the small batch: see :func:`ratio`."""
+    """:math:`B_\text{simple}`, in the units of the small batch."""
     return ratio(self)
 
 

@@ -81,10 +81,15 @@ class Gate(NamedTuple):
     init: ``() -> gate_state``, the dict above.
     update: ``(stats, gate_state, **extra_args) -> (step, gate_state)`` with
       ``stats`` a :class:`DrawStats` and ``step`` a boolean scalar.
+    microbatch_size: examples per microbatch, for a gate that counts
+      examples (:func:`batch_size_at_least`, :func:`critical_batch`); None
+      otherwise. :func:`optax_gqc.accumulate` reads it, so that it is given
+      once.
   """
 
   init: Callable[[], Any]
   update: Callable[..., tuple[jax.Array, Any]]
+  microbatch_size: int | None = None
 
 
 def _value_at(name: str, hyperparam: optax.ScalarOrSchedule, t: jax.Array) -> jax.Array:
@@ -246,11 +251,12 @@ def batch_size_at_least(logical_batch_size: optax.ScalarOrSchedule, microbatch_s
   """
   _checks.check_scalar_or_schedule('logical_batch_size', logical_batch_size)
   _checks.check_positive_int('microbatch_size', microbatch_size)
-  return _scheduled_gate(
+  gate = _scheduled_gate(
       'logical_batch_size',
       logical_batch_size,
       lambda s, size: s.num_draws * microbatch_size >= size,
   )
+  return gate._replace(microbatch_size=microbatch_size)
 
 
 def critical_batch(
@@ -320,11 +326,12 @@ def critical_batch(
     microbatches do not show in it).
 
   Example:
-    >>> import optax, optax_gqc
+    >>> import jax.numpy as jnp, optax, optax_gqc
     >>> tx = optax_gqc.accumulate(
     ...     optax.adamw(1e-3),
-    ...     optax_gqc.gates.critical_batch(0.5, microbatch_size=32),
-    ...     microbatch_size=32)
+    ...     optax_gqc.gates.critical_batch(0.5, microbatch_size=32))
+    >>> int(tx.init({'w': jnp.zeros(2)}).microbatch_size)  # given once, to the gate
+    32
 
   References:
     McCandlish et al, `An Empirical Model of Large-Batch Training
@@ -390,7 +397,7 @@ def critical_batch(
         '_last_draws': stats.num_draws,
     }
 
-  return Gate(init, update)
+  return Gate(init, update, microbatch_size)
 
 
 def _welford(mean, m2, x, n):
@@ -660,6 +667,13 @@ def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
           f'{name} takes Gates, got {type(g).__name__}: pass gates such as gates.norm_below(0.5)'
       )
 
+  sizes = {g.microbatch_size for g in gates} - {None}
+  if len(sizes) > 1:
+    raise ValueError(
+        f'{name}: its gates count examples of different microbatch sizes {sorted(sizes)}: '
+        'give every gate the one size of the microbatches passed to update'
+    )
+
   def init():
     return tuple(g.init() for g in gates)
 
@@ -672,7 +686,7 @@ def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
       states.append(s)
     return reduce(jnp.stack(steps)), tuple(states)
 
-  return Gate(init, update)
+  return Gate(init, update, sizes.pop() if sizes else None)
 
 
 def any_of(*gates: Gate) -> Gate:

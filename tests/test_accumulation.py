@@ -534,3 +534,17 @@ def test_update_and_apply_writes_no_param_sized_temporary():
   swapped = jax.jit(optax_gqc.update_and_apply, static_argnums=0, donate_argnums=(2, 3))
   memory = swapped.lower(tx, params, state, params).compile().memory_analysis()
   assert memory.temp_size_in_bytes >= param_bytes
+
+
+def test_microbatch_size_is_given_once_to_the_gate_or_to_both_alike():
+  params = {'w': jnp.zeros(2)}
+
+  def size(tx):
+    return int(tx.init(params).microbatch_size)
+
+  gate = optax_gqc.gates.batch_size_at_least(64, 8)
+  assert size(optax_gqc.accumulate(optax.sgd(0.1), gate)) == 8
+  assert size(optax_gqc.accumulate(optax.sgd(0.1), gate, microbatch_size=8)) == 8
+  assert size(optax_gqc.accumulate(optax.sgd(0.1), optax_gqc.gates.norm_below(1.0))) == 0
+  with pytest.raises(ValueError, match='microbatch_size=4, but the gate counts microbatches of 8'):
+    optax_gqc.accumulate(optax.sgd(0.1), gate, microbatch_size=4)

@@ -278,3 +278,13 @@ def test_critical_batch_reports_its_target_not_its_probes():
       targets.append(float(stats['target_batch_size']))
   assert probes >= 3
   assert max(targets) < 16
+
+
+def test_a_gate_that_counts_examples_carries_its_microbatch_size():
+  assert gates.batch_size_at_least(64, 8).microbatch_size == 8
+  assert gates.critical_batch(0.5, 8).microbatch_size == 8
+  assert gates.norm_below(1.0).microbatch_size is None
+  combined = gates.any_of(gates.norm_below(1.0), gates.batch_size_at_least(64, 8))
+  assert combined.microbatch_size == 8
+  with pytest.raises(ValueError, match=r'different microbatch sizes \[4, 8\]'):
+    gates.all_of(gates.batch_size_at_least(64, 8), gates.critical_batch(0.5, 4))
