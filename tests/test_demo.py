@@ -17,7 +17,8 @@ import pytest
 from flax import nnx
 
 import optax_gqc
-from optax_gqc import demo, gates
+from optax_gqc import demo, gates, study
+from optax_gqc.demo import arms, cli, job, model, plot, train, verdict
 
 pytestmark = pytest.mark.slow
 
@@ -55,30 +56,32 @@ def test_quick_run_writes_the_frontier_the_critical_arm_and_a_verdict(quick):
   assert [line.split()[0] for line in table[2:6]] == ['control', 'fixed2', 'fixed4', 'critical']
   assert payload['arms'].keys() == saved['arms'].keys()
   # The split of its time between compiling and training, summed over the arms.
-  arms = saved['arms'].values()
+  records = saved['arms'].values()
   assert saved['seconds']['compiling'] == pytest.approx(
-      sum(a['summary']['compile_seconds'] for a in arms)
+      sum(a['summary']['compile_seconds'] for a in records)
   )
-  assert saved['seconds']['training'] == pytest.approx(sum(a['summary']['seconds'] for a in arms))
+  assert saved['seconds']['training'] == pytest.approx(
+      sum(a['summary']['seconds'] for a in records)
+  )
   assert f"time: {saved['seconds']['training']:.0f} s training" in stdout
 
 
 def test_quick_run_arms_share_microbatches_and_differ_in_when_they_step(quick):
   payload, _, _ = quick
-  arms = payload['arms']
+  records = payload['arms']
   count = payload['config']['count']
-  assert {a['summary']['tokens'] for a in arms.values()} == {count * 8 * 32}
+  assert {a['summary']['tokens'] for a in records.values()} == {count * 8 * 32}
   for name, k in (('control', 1), ('fixed2', 2), ('fixed4', 4)):
-    summary = arms[name]['summary']
+    summary = records[name]['summary']
     assert summary['steps'] == count // k and summary['num_forced'] == 0
-    assert summary['peak_lr'] == pytest.approx(demo.FRONTIER_LR['96x3'][k])  # 32x1: not swept
-  critical = arms['critical']
+    assert summary['peak_lr'] == pytest.approx(arms.FRONTIER_LR['96x3'][k])  # 32x1: not swept
+  critical = records['critical']
   assert critical['summary']['peak_lr'] == pytest.approx(4.2e-3)
   draws = critical['draws_per_step']  # the microbatches of every step add up
   assert len(draws) == critical['summary']['steps'] and sum(draws) <= count
   assert all(1 <= d <= 32 for d in draws) and max(draws) >= 2  # it probes the noise
   assert critical['trace'][-1]['target_batch_size'] >= 8  # at least one microbatch
-  for arm in arms.values():
+  for arm in records.values():
     curve = arm['curve']
     assert len(curve) == 4 and curve[-1]['tokens'] == arm['summary']['tokens']
     assert np.all(np.diff([p['steps'] for p in curve]) > 0)
@@ -89,7 +92,7 @@ def test_quick_run_verdict_is_the_verdict_of_its_arms(quick):
   payload, _, _ = quick
   s = {a: r['summary'] for a, r in payload['arms'].items()}
   frontier = [(s[a]['steps'], s[a]['val_loss']) for a in ('control', 'fixed2', 'fixed4')]
-  expected = demo.verdict(
+  expected = verdict.verdict(
       frontier,
       {'critical': (s['critical']['steps'], s['critical']['val_loss'])},
       (s['control']['steps'], s['control']['val_loss']),
@@ -120,27 +123,27 @@ def test_demo_trains_on_a_users_file(tmp_path):
 
 @pytest.mark.parametrize('arm', ['control', 'fixed2', 'critical', 'seesaw'])
 def test_a_block_is_bitwise_a_python_loop_of_steps(arm):
-  spec = demo.ARMS[arm]
-  setup = demo.Setup(microbatch=8, count=156, warmup=0.05, weight_decay=0.01)
-  model = demo.CharTransformer(32, 1, 4, 32, nnx.Rngs(0))  # the --quick model: cached programs
-  graphdef, params = nnx.split(model, nnx.Param)
-  knobs = demo.arm_knobs(spec, argparse.Namespace(lr=3e-3))
-  state = demo.make_optimizer(spec, knobs, setup).init(params)
-  knobs = demo.as_arrays(knobs)
+  spec = arms.ARMS[arm]
+  setup = arms.Setup(microbatch=8, count=156, warmup=0.05, weight_decay=0.01)
+  transformer = model.CharTransformer(32, 1, 4, 32, nnx.Rngs(0))  # the --quick model: cached
+  graphdef, params = nnx.split(transformer, nnx.Param)
+  knobs = arms.arm_knobs(spec, argparse.Namespace(lr=3e-3))
+  state = arms.make_optimizer(spec, knobs, setup).init(params)
+  knobs = train.as_arrays(knobs)
   batches = jax.random.randint(jax.random.key(1), (39, 8, 33), 0, 256, jnp.int32)
 
   def copy(tree):
     return jax.tree.map(jnp.copy, tree)
 
-  program = demo.compiled_block(spec, graphdef, setup, params, state, knobs, batches)
+  program = train.compiled_block(spec, graphdef, setup, params, state, knobs, batches)
   block_params, block_state, block_losses, block_steps, _ = program(
       copy(params), copy(state), knobs, batches
   )
-  step = jax.jit(demo.train_step, static_argnums=(0, 1, 2), donate_argnums=(3, 4))
+  step = jax.jit(train.train_step, static_argnums=(0, 1, 2), donate_argnums=(3, 4))
   losses, steps = [], []
   for batch in batches:
     params, state, loss, num_steps = step(
-        demo.program_spec(spec), graphdef, setup, params, state, knobs, batch
+        arms.program_spec(spec), graphdef, setup, params, state, knobs, batch
     )
     losses.append(loss)
     steps.append(num_steps)
@@ -158,13 +161,13 @@ def test_a_block_is_bitwise_a_python_loop_of_steps(arm):
 
 
 def test_plan_cuts_the_budget_into_equal_blocks_evaluated_at_block_ends():
-  p = demo.plan(900_000, 512, 12, 50)  # 1757 microbatches
+  p = train.plan(900_000, 512, 12, 50)  # 1757 microbatches
   assert (p.block, p.count) == (50, 1750)
   assert len(p.evals) == 12 and p.evals[-1] == p.count
   assert all(e % p.block == 0 for e in p.evals)
   assert np.all(np.diff(p.evals) > 0)
-  small = demo.plan(40_000, 256, 4, 50)  # 156 microbatches: 4 blocks of 39
-  assert small == demo.Plan(156, 39, (39, 78, 117, 156))
+  small = train.plan(40_000, 256, 4, 50)  # 156 microbatches: 4 blocks of 39
+  assert small == train.Plan(156, 39, (39, 78, 117, 156))
 
 
 def test_study_runs_every_seed_and_writes_its_summary(quick, tmp_path):
@@ -187,7 +190,7 @@ def test_study_runs_every_seed_and_writes_its_summary(quick, tmp_path):
   losses = {
       a: [r['arms'][a]['summary']['val_loss'] for r in payload['runs']] for a in summary['arms']
   }
-  assert summary['spread'] == pytest.approx(demo.seed_spread(losses))
+  assert summary['spread'] == pytest.approx(verdict.seed_spread(losses))
   assert summary['spread'] > 0  # the seeds differ
   assert payload['runs'][0]['arms']['critical']['curve'] == quick[0]['arms']['critical']['curve']
   text = (tmp_path / 'table.txt').read_text()
@@ -200,24 +203,24 @@ FRONTIER = [(1000, 1.80), (500, 1.90), (250, 2.00), (125, 2.15)]  # any order
 
 
 def test_frontier_is_interpolated_linearly_in_log_steps():
-  assert demo.frontier_loss_at(FRONTIER, 500) == pytest.approx(1.90)
-  assert demo.frontier_loss_at(FRONTIER, math.sqrt(500 * 1000)) == pytest.approx(1.85)
-  assert demo.frontier_loss_at(FRONTIER, 125 * 2**0.25) == pytest.approx(2.15 - 0.15 / 4)
-  assert demo.frontier_loss_at(FRONTIER, 125) == pytest.approx(2.15)
-  assert demo.frontier_loss_at(FRONTIER, 124) is None  # no extrapolation
-  assert demo.frontier_loss_at(FRONTIER, 1001) is None
-  assert demo.frontier_loss_at(FRONTIER[:1], 1000) is None
+  assert study.frontier_loss_at(FRONTIER, 500) == pytest.approx(1.90)
+  assert study.frontier_loss_at(FRONTIER, math.sqrt(500 * 1000)) == pytest.approx(1.85)
+  assert study.frontier_loss_at(FRONTIER, 125 * 2**0.25) == pytest.approx(2.15 - 0.15 / 4)
+  assert study.frontier_loss_at(FRONTIER, 125) == pytest.approx(2.15)
+  assert study.frontier_loss_at(FRONTIER, 124) is None  # no extrapolation
+  assert study.frontier_loss_at(FRONTIER, 1001) is None
+  assert study.frontier_loss_at(FRONTIER[:1], 1000) is None
 
 
 def test_verdict_margin_position_and_the_control_bar():
   control = (1000, 1.80)
-  arms = {
+  points = {
       'better': (400, 1.81),  # frontier there: 1.90 - 0.10 * log(400/250)/log(2)
       'worse': (500, 2.00),
       'few': (100, 2.0),
       'many': (2000, 1.7),
   }
-  v = demo.verdict(FRONTIER, arms, control)
+  v = verdict.verdict(FRONTIER, points, control)
   at = 2.00 - 0.10 * math.log(400 / 250) / math.log(2)
   assert v['better']['frontier_loss'] == pytest.approx(at)
   assert v['better']['margin'] == pytest.approx(at - 1.81)
@@ -228,7 +231,7 @@ def test_verdict_margin_position_and_the_control_bar():
   for name in ('few', 'many'):
     assert v[name]['position'] == 'outside' and v[name]['margin'] is None
   assert not v['many']['near_control']  # better loss, but more steps than 0.6x
-  lines = demo.verdict_line(v).splitlines()
+  lines = verdict.verdict_line(v).splitlines()
   assert len(lines) == 5 and 'nats, + is better' in lines[0]  # a heading, one line per arm
   assert lines[1].startswith('  better: below the frontier') and 'margin +0.' in lines[1]
   assert lines[2].startswith('  worse: above the frontier') and 'margin -0.100' in lines[2]
@@ -236,39 +239,39 @@ def test_verdict_margin_position_and_the_control_bar():
 
 
 def test_verdict_near_control_bar_is_inclusive_at_its_edges():
-  v = demo.verdict(FRONTIER, {'edge': (600, 1.82)}, (1000, 1.80))['edge']
+  v = verdict.verdict(FRONTIER, {'edge': (600, 1.82)}, (1000, 1.80))['edge']
   assert v['step_ratio'] == pytest.approx(0.6) and v['near_control']
-  v = demo.verdict(FRONTIER, {'slow': (601, 1.80)}, (1000, 1.80))['slow']
+  v = verdict.verdict(FRONTIER, {'slow': (601, 1.80)}, (1000, 1.80))['slow']
   assert not v['near_control']
 
 
 def test_below_the_frontier_needs_a_margin_beyond_the_seed_spread():
   arm = {'a': (500, 1.87)}  # 0.03 below the frontier
-  one_seed = demo.verdict(FRONTIER, arm, None)['a']  # within one seed's noise
-  assert one_seed['position'] == 'on' and demo.ONE_SEED_NOISE >= 0.03
-  assert "within one seed's noise" in demo.verdict_line({'a': one_seed})
-  assert demo.verdict(FRONTIER, {'b': (500, 1.85)}, None)['b']['position'] == 'below'
-  assert demo.verdict(FRONTIER, arm, None, spread=0.02)['a']['position'] == 'below'
-  within = demo.verdict(FRONTIER, arm, None, spread=0.05)['a']
+  one_seed = verdict.verdict(FRONTIER, arm, None)['a']  # within one seed's noise
+  assert one_seed['position'] == 'on' and verdict.ONE_SEED_NOISE >= 0.03
+  assert "within one seed's noise" in verdict.verdict_line({'a': one_seed})
+  assert verdict.verdict(FRONTIER, {'b': (500, 1.85)}, None)['b']['position'] == 'below'
+  assert verdict.verdict(FRONTIER, arm, None, spread=0.02)['a']['position'] == 'below'
+  within = verdict.verdict(FRONTIER, arm, None, spread=0.05)['a']
   assert within['position'] == 'on' and within['margin'] == pytest.approx(0.03)
   assert within['step_ratio'] is None and not within['near_control']
-  assert 'within the spread' in demo.verdict_line({'a': within})
+  assert 'within the spread' in verdict.verdict_line({'a': within})
 
 
 def test_seed_spread_is_the_largest_range_of_an_arm_over_seeds():
-  assert demo.seed_spread({'a': [1.80, 1.83], 'b': [1.90, 1.85, 1.86]}) == pytest.approx(0.05)
-  assert demo.seed_spread({'a': [1.8], 'b': [1.9]}) is None
+  assert verdict.seed_spread({'a': [1.80, 1.83], 'b': [1.90, 1.85, 1.86]}) == pytest.approx(0.05)
+  assert verdict.seed_spread({'a': [1.8], 'b': [1.9]}) is None
 
 
 def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
   def run(seed, losses):
-    arms = {
+    records = {
         a: {'summary': {'val_loss': v, 'steps': s, 'draws_per_step': 1000 / s}}
         for a, (s, v) in losses.items()
     }
-    for a in arms.values():
+    for a in records.values():
       a['summary'].update(num_forced=0, seconds=1.0, noise_scale=None)
-    return {'size': '8x1', 'seed': seed, 'arms': arms}
+    return {'size': '8x1', 'seed': seed, 'arms': records}
 
   runs = [
       run(0, {'control': (1000, 1.80), 'fixed2': (500, 1.90), 'critical': (700, 1.80)}),
@@ -276,7 +279,7 @@ def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
   ]
   other = run(0, {'control': (1000, 2.0), 'fixed2': (500, 2.1), 'critical': (400, 2.0)})
   runs.append({**other, 'size': '4x1'})
-  summary, small = demo.summarize(runs, ['control', 'fixed2', 'critical'])
+  summary, small = verdict.summarize(runs, ['control', 'fixed2', 'critical'])
   assert (summary['size'], small['size']) == ('8x1', '4x1')
   assert small['spread'] is None and small['verdict']['critical']['position'] == 'outside'
   assert summary['seeds'] == [0, 1] and summary['spread'] == pytest.approx(0.04)
@@ -289,12 +292,12 @@ def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
   assert v['seed_margins'] == [pytest.approx(at0 - 1.80), pytest.approx(at1 - 1.82)]
   assert summary['verdict_line'].startswith('verdict (8x1, seeds 0,1, spread 0.040)')
   assert 'caveat: the frontier runs at the learning rates swept at 96x3' in summary['verdict_line']
-  for size in demo.FRONTIER_LR:
-    swept = demo.summarize([{**r, 'size': size} for r in runs[:2]], ['control', 'fixed2'])
+  for size in arms.FRONTIER_LR:
+    swept = verdict.summarize([{**r, 'size': size} for r in runs[:2]], ['control', 'fixed2'])
     assert 'caveat' not in swept[0]['verdict_line']
-  lines = demo.table(summary)
+  lines = verdict.table(summary)
   assert len(lines) == 2 + 3 + 1 and lines[-1].startswith('units: ')  # headings, arms, units
-  demo.plot_study(runs, [summary, small], tmp_path / 'study.png')
+  plot.plot_study(runs, [summary, small], tmp_path / 'study.png')
   assert (tmp_path / 'study.png').stat().st_size > 0
 
 
@@ -379,28 +382,28 @@ def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
 
 def test_explicit_flags_win_over_quick(tmp_path):
   out = ['--out', str(tmp_path)]
-  args = demo.parse_args(['--quick', *out])
+  args = cli.parse_args(['--quick', *out])
   assert (args.tokens, args.evals, args.dim) == (40_000, 4, 32)
   assert args.arms == ('control', 'fixed2', 'fixed4', 'critical')
-  args = demo.parse_args(
+  args = cli.parse_args(
       ['--quick', '--tokens', '50000', '--evals', '5', '--corpus-bytes', '500000', *out]
   )
   assert (args.tokens, args.evals, args.corpus_bytes, args.dim) == (50_000, 5, 500_000, 32)
-  args = demo.parse_args(['--quick', '--arms', 'gnts', '--dim', '48', *out])
+  args = cli.parse_args(['--quick', '--arms', 'gnts', '--dim', '48', *out])
   assert args.arms == ('gnts',) and args.sizes == ((48, 1),)
 
 
 def test_study_defaults_to_two_seeds_two_sizes_and_every_arm(tmp_path):
   out = ['--out', str(tmp_path)]
-  args = demo.parse_args(['--study', *out])
+  args = cli.parse_args(['--study', *out])
   assert args.seeds == (0, 1) and args.sizes == ((96, 3), (64, 2))
-  assert args.arms == tuple(demo.ARMS)
-  args = demo.parse_args(['--study', '--seeds', '3', '--sizes', '32x1', *out])
+  assert args.arms == tuple(arms.ARMS)
+  args = cli.parse_args(['--study', '--seeds', '3', '--sizes', '32x1', *out])
   assert args.seeds == (3,) and args.sizes == ((32, 1),)
 
 
 def test_help_lists_every_flag_with_help_default_and_choices(capsys):
-  parser = demo.build_parser()
+  parser = cli.build_parser()
   for action in parser._actions:
     assert action.help, action.option_strings
   with pytest.raises(SystemExit) as exit_info:
@@ -412,19 +415,19 @@ def test_help_lists_every_flag_with_help_default_and_choices(capsys):
       'choices: control, fixed2, fixed3, fixed4, fixed8, critical, gnts, relative, seesaw, warmup'
       in text
   )
-  for default in (demo.DEFAULT_TOKENS, 0.0042, './gqc-demo-out'):
+  for default in (cli.DEFAULT_TOKENS, 0.0042, './gqc-demo-out'):
     assert f'(default: {default})' in text
 
 
 def test_quick_writes_to_its_own_folder_unless_told():
-  assert demo.parse_args(['--quick']).out == './gqc-demo-quick-out'
-  assert demo.parse_args([]).out == './gqc-demo-out'
-  assert demo.parse_args(['--quick', '--out', 'here']).out == 'here'
+  assert cli.parse_args(['--quick']).out == './gqc-demo-quick-out'
+  assert cli.parse_args([]).out == './gqc-demo-out'
+  assert cli.parse_args(['--quick', '--out', 'here']).out == 'here'
 
 
 def test_ctrl_c_keeps_the_arms_that_finished(quick, tmp_path, monkeypatch, capsys):
   finished = []
-  real = demo.run_arm
+  real = job.run_arm
 
   def run_arm(name, *args):
     if finished:
@@ -432,7 +435,7 @@ def test_ctrl_c_keeps_the_arms_that_finished(quick, tmp_path, monkeypatch, capsy
     finished.append(name)
     return real(name, *args)
 
-  monkeypatch.setattr(demo, 'run_arm', run_arm)
+  monkeypatch.setattr(job, 'run_arm', run_arm)
   with pytest.raises(SystemExit) as exit_info:
     demo.main(['--quick', '--no-progress', '--arms', 'fixed2,critical', '--out', str(tmp_path)])
   assert exit_info.value.code == 130
@@ -447,7 +450,7 @@ def test_ctrl_c_before_any_arm_finished_writes_nothing(tmp_path, monkeypatch, ca
   def interrupt(*args):
     raise KeyboardInterrupt
 
-  monkeypatch.setattr(demo, 'run_arm', interrupt)
+  monkeypatch.setattr(job, 'run_arm', interrupt)
   with pytest.raises(SystemExit) as exit_info:
     demo.main(['--quick', '--no-progress', '--out', str(tmp_path)])
   assert exit_info.value.code == 130
@@ -500,20 +503,20 @@ def test_relative_threshold_in_the_signal_dominated_regime_needs_the_valve():
 
 def test_frontier_lr_follows_the_sweep_scaled_by_lr_and_the_sqrt_rule_beyond_it(monkeypatch):
   args = argparse.Namespace(lr=8.4e-3)  # twice the swept k = 1 peak
-  assert demo.frontier_lr(1, args) == pytest.approx(8.4e-3)
-  assert demo.frontier_lr(8, args) == pytest.approx(2 * demo.FRONTIER_LR['96x3'][8])
-  assert demo.frontier_lr(4, args, '64x2') == pytest.approx(2 * demo.FRONTIER_LR['64x2'][4])
-  assert demo.frontier_lr(4, args, '32x1') == demo.frontier_lr(4, args)  # not swept: 96x3's
-  assert demo.frontier_lr(16, args) == pytest.approx(8.4e-3 * 4)  # not swept: sqrt(16)
-  monkeypatch.delitem(demo.FRONTIER_LR['96x3'], 4)
-  assert demo.arm_knobs(demo.ARMS['fixed4'], args) == {'lr': pytest.approx(8.4e-3 * 2), 'k': 4}
-  assert demo.arm_knobs(demo.ARMS['critical'], args) == {'lr': 8.4e-3}
+  assert arms.frontier_lr(1, args) == pytest.approx(8.4e-3)
+  assert arms.frontier_lr(8, args) == pytest.approx(2 * arms.FRONTIER_LR['96x3'][8])
+  assert arms.frontier_lr(4, args, '64x2') == pytest.approx(2 * arms.FRONTIER_LR['64x2'][4])
+  assert arms.frontier_lr(4, args, '32x1') == arms.frontier_lr(4, args)  # not swept: 96x3's
+  assert arms.frontier_lr(16, args) == pytest.approx(8.4e-3 * 4)  # not swept: sqrt(16)
+  monkeypatch.delitem(arms.FRONTIER_LR['96x3'], 4)
+  assert arms.arm_knobs(arms.ARMS['fixed4'], args) == {'lr': pytest.approx(8.4e-3 * 2), 'k': 4}
+  assert arms.arm_knobs(arms.ARMS['critical'], args) == {'lr': 8.4e-3}
 
 
 def test_seesaw_batch_grows_as_the_learning_rate_decays():
-  setup = demo.Setup(microbatch=8, count=1000, warmup=0.05, weight_decay=0.01)
-  spec = demo.ARMS['seesaw']
-  tx = demo.make_optimizer(spec, demo.arm_knobs(spec, argparse.Namespace(lr=4.2e-3)), setup)
+  setup = arms.Setup(microbatch=8, count=1000, warmup=0.05, weight_decay=0.01)
+  spec = arms.ARMS['seesaw']
+  tx = arms.make_optimizer(spec, arms.arm_knobs(spec, argparse.Namespace(lr=4.2e-3)), setup)
   state = tx.init({'w': jnp.zeros(2)})
   update = jax.jit(tx.update)
   draws = []
@@ -521,7 +524,7 @@ def test_seesaw_batch_grows_as_the_learning_rate_decays():
     _, state = update({'w': jnp.ones(2)}, state, {'w': jnp.zeros(2)})
     if int(state.num_draws) == 0:
       draws.append(int(state.last_num_draws))
-  shape = demo.lr_schedule(1.0, setup)
+  shape = arms.lr_schedule(1.0, setup)
   # Where the schedule is at a fraction c of its peak, a step takes ceil(1/c) draws.
   assert draws[:50] == [1] * 50  # warmup, then the top of the cosine
   assert max(draws) == spec['max_draws'] or max(draws) == math.ceil(1 / float(shape(999)))
@@ -530,8 +533,8 @@ def test_seesaw_batch_grows_as_the_learning_rate_decays():
 
 
 def test_the_main_job_runs_a_frontier_of_four_and_the_study_every_arm():
-  arms = demo.parse_args([]).arms
-  assert tuple(arms) == ('control', 'fixed2', 'fixed3', 'fixed4', 'critical', 'gnts', 'seesaw')
-  assert sum(demo.ARMS[a]['kind'] == 'fixed' for a in arms) >= 4
-  assert tuple(demo.parse_args(['--study']).arms) == tuple(demo.ARMS)
-  assert tuple(demo.parse_args(['--study', '--arms', 'control,gnts']).arms) == ('control', 'gnts')
+  names = cli.parse_args([]).arms
+  assert tuple(names) == ('control', 'fixed2', 'fixed3', 'fixed4', 'critical', 'gnts', 'seesaw')
+  assert sum(arms.ARMS[a]['kind'] == 'fixed' for a in names) >= 4
+  assert tuple(cli.parse_args(['--study']).arms) == tuple(arms.ARMS)
+  assert tuple(cli.parse_args(['--study', '--arms', 'control,gnts']).arms) == ('control', 'gnts')
