@@ -76,6 +76,11 @@ class Setup(NamedTuple):
   weight_decay: float
 
 
+def size_name(size: tuple[int, int]) -> str:
+  """A model size ``(width, layers)`` as its name, e.g. ``'96x3'``: a key of :data:`FRONTIER_LR`."""
+  return f'{size[0]}x{size[1]}'
+
+
 def frontier_lr(k: int, args: argparse.Namespace, size: str = DEFAULT_SIZE) -> float:
   """The peak learning rate of the fixed arm of ``k`` microbatches per step.
 
@@ -178,7 +183,3 @@ def make_optimizer(
       scale_by_draws=SCALE_BY_DRAWS[spec.get('scale_by_draws')],
       weight_decay=setup.weight_decay,
   )
-
-
-def _size_name(size: tuple[int, int]) -> str:
-  return f'{size[0]}x{size[1]}'

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from optax_gqc.demo.arms import ARMS, _size_name
+from optax_gqc.demo.arms import ARMS, size_name
 from optax_gqc.demo.cli import parse_args
 from optax_gqc.demo.data import load_corpus, sample_batches
 from optax_gqc.demo.model import CharTransformer
@@ -32,8 +32,8 @@ def run_all(args, data, run_plan, runs: list) -> None:
     parameters = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     for seed in args.seeds:
       train = sample_batches(data[:split], run_plan.count, args.microbatch, args.context, seed)
-      print(f'model {_size_name(size)} ({parameters / 1e6:.2f}M parameters), seed {seed}')
-      run = {'size': _size_name(size), 'parameters': parameters, 'seed': seed, 'arms': {}}
+      print(f'model {size_name(size)} ({parameters / 1e6:.2f}M parameters), seed {seed}')
+      run = {'size': size_name(size), 'parameters': parameters, 'seed': seed, 'arms': {}}
       runs.append(run)
       for name in args.arms:
         spec = dict(ARMS[name])

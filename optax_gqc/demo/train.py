@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 import optax_gqc
-from optax_gqc.demo.arms import Setup, _size_name, arm_knobs, make_optimizer, program_spec
+from optax_gqc.demo.arms import Setup, arm_knobs, make_optimizer, program_spec, size_name
 from optax_gqc.demo.model import CharTransformer, eval_loss, param_loss
 
 
@@ -107,7 +107,7 @@ def run_arm(
   setup = Setup(args.microbatch, run_plan.count, args.warmup, args.weight_decay)
   model = CharTransformer(size[0], size[1], args.heads, args.context, nnx.Rngs(seed))
   graphdef, params = nnx.split(model, nnx.Param)
-  knobs = arm_knobs(spec, args, _size_name(size))
+  knobs = arm_knobs(spec, args, size_name(size))
   opt_state = make_optimizer(spec, knobs, setup).init(params)
   knobs = as_arrays(knobs)
   tokens_per_micro = args.microbatch * args.context
