@@ -258,6 +258,16 @@ def test_below_the_frontier_needs_a_margin_beyond_the_seed_spread():
   assert 'within the spread' in verdict.verdict_line({'a': within})
 
 
+def test_frontier_points_are_the_fixed_arms_in_order_of_k():
+  summaries = {
+      'critical': {'steps': 300, 'val_loss': 1.7},
+      'fixed4': {'steps': 250, 'val_loss': 2.0},
+      'control': {'steps': 1000, 'val_loss': 1.8},
+  }
+  assert verdict.frontier_points(summaries) == [(1000, 1.8), (250, 2.0)]
+  assert verdict.frontier_points({}) == []
+
+
 def test_seed_spread_is_the_largest_range_of_an_arm_over_seeds():
   assert verdict.seed_spread({'a': [1.80, 1.83], 'b': [1.90, 1.85, 1.86]}) == pytest.approx(0.05)
   assert verdict.seed_spread({'a': [1.8], 'b': [1.9]}) is None

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from optax_gqc.demo.arms import FRONTIER
+from optax_gqc.demo.verdict import frontier_points
 
 
 def _colors(names: Sequence[str]) -> dict[str, Any]:
@@ -32,9 +33,7 @@ def _log_axis(axis) -> None:
 
 def _frontier_axis(ax, arms: Mapping[str, Any], colors, label: bool = True, **style) -> None:
   """Final loss against optimizer steps: the frontier as a line, the other arms as points."""
-  points = [
-      (arms[a]['summary']['steps'], arms[a]['summary']['val_loss']) for a in FRONTIER if a in arms
-  ]
+  points = frontier_points({a: r['summary'] for a, r in arms.items()})
   if points:
     s, v = zip(*sorted(points), strict=True)
     ax.plot(s, v, '-', color='C0', lw=1.5, label='fixed-batch frontier' if label else None, **style)

@@ -127,11 +127,15 @@ def verdict_line(verdicts: Mapping[str, Mapping[str, Any]], label: str = '') -> 
   return '\n'.join(lines)
 
 
+def frontier_points(summaries: Mapping[str, Mapping[str, Any]]) -> list[tuple[float, float]]:
+  """The frontier: ``(steps, val_loss)`` of the fixed arms among ``summaries``, by arm name."""
+  return [(summaries[a]['steps'], summaries[a]['val_loss']) for a in FRONTIER if a in summaries]
+
+
 def _margin(arms: Mapping[str, Any], name: str) -> float | None:
   """An arm's margin below the frontier of the fixed arms run beside it."""
   s = {a: r['summary'] for a, r in arms.items()}
-  frontier = [(s[a]['steps'], s[a]['val_loss']) for a in FRONTIER if a in s]
-  at = frontier_loss_at(frontier, s[name]['steps'])
+  at = frontier_loss_at(frontier_points(s), s[name]['steps'])
   return None if at is None else at - s[name]['val_loss']
 
 
@@ -161,7 +165,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[di
           'seeds': [r['seed'] for r in group if a in r['arms']],
       }
     spread = seed_spread(losses)
-    frontier = [(per_arm[a]['steps'], per_arm[a]['val_loss']) for a in FRONTIER if a in per_arm]
+    frontier = frontier_points(per_arm)
     control = (
         (per_arm['control']['steps'], per_arm['control']['val_loss'])
         if 'control' in per_arm
