@@ -18,7 +18,7 @@ from flax import nnx
 
 import optax_gqc
 from optax_gqc import demo, gates, study
-from optax_gqc.demo import arms, cli, job, model, plot, train, verdict
+from optax_gqc.demo import arms, cli, data, job, model, plot, train, verdict
 
 pytestmark = pytest.mark.slow
 
@@ -119,6 +119,16 @@ def test_demo_trains_on_a_users_file(tmp_path):
   payload = demo.main([*args, '--data', str(text)])
   assert payload['corpus_files'] == [str(text)]
   assert payload['arms']['control']['summary']['val_loss'] < 1.0  # easy, repetitive text
+
+
+def test_load_corpus_reads_a_users_file_whole_or_the_stdlib_capped(tmp_path):
+  text = tmp_path / 'text.txt'
+  text.write_bytes(b'abc' * 10)
+  tokens, source = data.load_corpus(str(text), 5)
+  assert source == [str(text)] and tokens.dtype == np.int32
+  assert tokens.tolist() == list(b'abc' * 10)
+  tokens, source = data.load_corpus(None, 5000)
+  assert len(tokens) == 5000 and source == data.stdlib_corpus(5000)[1]
 
 
 @pytest.mark.parametrize('arm', ['control', 'fixed2', 'critical', 'seesaw'])

@@ -1,6 +1,5 @@
 """The demo's text: the standard library's sources or a user's file, cut into microbatches."""
 
-import argparse
 import sysconfig
 from pathlib import Path
 
@@ -28,9 +27,14 @@ def sample_batches(tokens: np.ndarray, count: int, size: int, context: int, seed
   return tokens[starts[..., None] + np.arange(context + 1)]
 
 
-def load_corpus(args: argparse.Namespace) -> tuple[np.ndarray, list[str]]:
-  if args.data:
-    text, source = Path(args.data).read_bytes(), [args.data]
+def load_corpus(path: str | None, max_bytes: int) -> tuple[np.ndarray, list[str]]:
+  """The text of the file ``path`` (all of it), else :func:`stdlib_corpus`, as int32 bytes.
+
+  Returns:
+    The bytes, and the files they come from.
+  """
+  if path:
+    text, source = Path(path).read_bytes(), [path]
   else:
-    text, source = stdlib_corpus(args.corpus_bytes)
+    text, source = stdlib_corpus(max_bytes)
   return np.frombuffer(text, np.uint8).astype(np.int32), source

@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   runs: list[dict[str, Any]] = []
   interrupted, source, run_plan = False, [], None
   try:
-    data, source = load_corpus(args)
+    data, source = load_corpus(args.data, args.corpus_bytes)
     tokens_per_micro = args.microbatch * args.context
     run_plan = plan(args.tokens, tokens_per_micro, args.evals, args.block)
     print(
