@@ -20,4 +20,4 @@ The modules, each importing only those before it: ``data``, ``model``,
 
 from optax_gqc.demo.job import main
 
-__all__ = ["main"]
+__all__ = ['main']
