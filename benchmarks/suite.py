@@ -130,33 +130,35 @@ def lm_task(
 ) -> Task:
   from flax import nnx  # noqa: PLC0415
 
-  from optax_gqc import demo  # noqa: PLC0415
+  from optax_gqc.demo import data, model  # noqa: PLC0415
 
   if corpus == 'stdlib':
-    text, _ = demo.stdlib_corpus(2_000_000)
+    text, _ = data.stdlib_corpus(2_000_000)
   else:
     text = _pydoc_corpus(2_000_000)
   tokens = np.frombuffer(text, np.uint8)
   split = int(0.9 * len(tokens))
   train, val = tokens[:split], tokens[split:]
   heads = 4
-  graphdef = nnx.split(demo.CharTransformer(dim, layers, heads, context, nnx.Rngs(0)), nnx.Param)[0]
+  graphdef = nnx.split(model.CharTransformer(dim, layers, heads, context, nnx.Rngs(0)), nnx.Param)[
+      0
+  ]
 
   def params(seed):
-    return nnx.split(demo.CharTransformer(dim, layers, heads, context, nnx.Rngs(seed)), nnx.Param)[
+    return nnx.split(model.CharTransformer(dim, layers, heads, context, nnx.Rngs(seed)), nnx.Param)[
         1
     ]
 
   def loss_fn(p, batch):
-    return demo.param_loss(p, graphdef, batch)
+    return model.param_loss(p, graphdef, batch)
 
   return Task(
       loss_fn,
       params,
       lambda seed: jnp.asarray(
-          demo.sample_batches(train, microbatches, size, context, 10_000 + seed), jnp.int32
+          data.sample_batches(train, microbatches, size, context, 10_000 + seed), jnp.int32
       ),
-      jnp.asarray(demo.sample_batches(val, 8, 32, context, 12345), jnp.int32),
+      jnp.asarray(data.sample_batches(val, 8, 32, context, 12345), jnp.int32),
       learning_rates,
       f'byte transformer {dim}x{layers} (context {context}) on {corpus}, {size} sequences per '
       'microbatch, cross entropy in nats',

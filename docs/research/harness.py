@@ -13,7 +13,9 @@ import optax
 from flax import nnx
 
 import optax_gqc
-from optax_gqc import demo, gates
+from optax_gqc import gates
+from optax_gqc.demo import data as demo_data
+from optax_gqc.demo import model as demo_model
 
 
 def setup(
@@ -25,13 +27,13 @@ def setup(
   rounds 4 and 5; rounds 1 to 3 drew 4 x 32 of them with ``seed + 1``
   (``seeded_val=True``).
   """
-  text, _ = demo.stdlib_corpus(corpus_bytes)
+  text, _ = demo_data.stdlib_corpus(corpus_bytes)
   data = np.frombuffer(text, np.uint8).astype(np.int32)
   split = int(0.9 * len(data))
   count = tokens // (microbatch * context)
-  train = demo.sample_batches(data[:split], count, microbatch, context, seed)
+  train = demo_data.sample_batches(data[:split], count, microbatch, context, seed)
   val = jnp.asarray(
-      demo.sample_batches(data[split:], 8, 32, context, 1)
+      demo_data.sample_batches(data[split:], 8, 32, context, 1)
   )  # the same windows for every seed
   return train, val, count
 
@@ -72,12 +74,12 @@ def run(
     block=50,
     stats_keys=('noise_scale', 'target_batch_size', 'threshold'),
 ):
-  model = demo.CharTransformer(dim, layers, heads, context, nnx.Rngs(seed))
+  model = demo_model.CharTransformer(dim, layers, heads, context, nnx.Rngs(seed))
   graphdef, params = nnx.split(model, nnx.Param)
 
   def loss_fn(params, batch):
     m = nnx.merge(graphdef, params)
-    return demo.loss_fn(m, batch)
+    return demo_model.loss_fn(m, batch)
 
   state = tx.init(params)
 

@@ -1,0 +1,109 @@
+"""The main job: every size, seed and arm, then the table, ``results.json`` and the figures."""
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from optax_gqc.demo.arms import ARMS, size_name
+from optax_gqc.demo.cli import parse_args
+from optax_gqc.demo.data import load_corpus, sample_batches
+from optax_gqc.demo.model import CharTransformer
+from optax_gqc.demo.plot import plot_curves, plot_study
+from optax_gqc.demo.train import plan, run_arm
+from optax_gqc.demo.verdict import summarize, table
+
+VAL_BATCHES, VAL_SEQUENCES = 8, 32  # the validation windows, the same for every seed
+VAL_SEED = 12345
+
+
+def run_all(args, data, run_plan, runs: list) -> None:
+  """Every size, seed and arm, appending to ``runs`` as arms finish (so Ctrl-C keeps them)."""
+  split = int(0.9 * len(data))
+  val = sample_batches(data[split:], VAL_BATCHES * VAL_SEQUENCES, 1, args.context, VAL_SEED)
+  val = jnp.asarray(val.reshape(VAL_BATCHES, VAL_SEQUENCES, -1), jnp.int32)
+  for size in args.sizes:
+    model = CharTransformer(size[0], size[1], args.heads, args.context, nnx.Rngs(0))
+    parameters = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    for seed in args.seeds:
+      train = sample_batches(data[:split], run_plan.count, args.microbatch, args.context, seed)
+      print(f'model {size_name(size)} ({parameters / 1e6:.2f}M parameters), seed {seed}')
+      run = {'size': size_name(size), 'parameters': parameters, 'seed': seed, 'arms': {}}
+      runs.append(run)
+      for name in args.arms:
+        spec = dict(ARMS[name])
+        if args.max_draws is not None and 'max_draws' in spec:
+          spec['max_draws'] = args.max_draws
+        run['arms'][name] = run_arm(name, spec, args, size, seed, train, val, run_plan)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  """Runs the demo; returns what it writes to ``results.json``."""
+  args = parse_args(argv)
+  out = Path(args.out)
+  runs: list[dict[str, Any]] = []
+  interrupted, source, run_plan = False, [], None
+  try:
+    data, source = load_corpus(args.data, args.corpus_bytes)
+    tokens_per_micro = args.microbatch * args.context
+    run_plan = plan(args.tokens, tokens_per_micro, args.evals, args.block)
+    print(
+        f'{len(data) / 1e6:.2f} MB of text ({len(source)} files); {len(args.arms)} arms x '
+        f'{len(args.seeds)} seeds x {len(args.sizes)} sizes; {run_plan.count} microbatches of '
+        f'{args.microbatch} x {args.context} bytes per arm ({run_plan.count * tokens_per_micro} '
+        f'tokens), in blocks of {run_plan.block}'
+    )
+    run_all(args, data, run_plan, runs)
+  except KeyboardInterrupt:  # the arm cut short was never added
+    interrupted = True
+    runs = [r for r in runs if r['arms']]
+  if not runs:
+    print('interrupted: no arm finished, nothing written', file=sys.stderr)
+    raise SystemExit(130)
+
+  summaries = summarize(runs, args.arms)
+  lines = []
+  for s in summaries:
+    lines += [*table(s), s['verdict_line'], '']
+  first = runs[0]
+  payload = {
+      'config': {**vars(args), 'count': run_plan.count, 'block': run_plan.block},
+      'corpus_files': source,
+      'interrupted': interrupted,
+      'arms': first['arms'],
+      'frontier': summaries[0]['frontier'],
+      'verdict': {s['size']: s['verdict'] for s in summaries},
+      'verdict_lines': [s['verdict_line'] for s in summaries],
+      'summary': summaries,
+      'runs': runs,
+      'device': jax.devices()[0].platform,
+  }
+  arm_summaries = [a['summary'] for r in runs for a in r['arms'].values()]
+  train_s = sum(a['seconds'] for a in arm_summaries)
+  compile_s = sum(a['compile_seconds'] for a in arm_summaries)
+  payload['seconds'] = {'training': train_s, 'compiling': compile_s}
+  plot_curves(first, out / 'curves.png')
+  written = ['table.txt', 'results.json', 'curves.png']
+  if args.study:
+    plot_study(runs, summaries, out / 'study.png')
+    written.append('study.png')
+  (out / 'results.json').write_text(json.dumps(payload, indent=1))
+  (out / 'table.txt').write_text('\n'.join(lines))
+  print('\n' + '\n'.join(lines[:-1]))
+  print(
+      f'time: {train_s:.0f} s training, {compile_s:.0f} s compiling (and the first evaluation): '
+      f'{compile_s / max(train_s + compile_s, 1e-9):.0%} compiling'
+  )
+  print(f"wrote {', '.join(str(out / w) for w in written)}")
+  if interrupted:
+    print(
+        f'interrupted: kept the arms that finished ({sum(len(r["arms"]) for r in runs)})',
+        file=sys.stderr,
+    )
+    raise SystemExit(130)
+  return payload

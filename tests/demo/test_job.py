@@ -1,0 +1,166 @@
+"""The main job: the demo's measurement, end to end, and Ctrl-C."""
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+
+from optax_gqc import demo
+from optax_gqc.demo import arms, job, verdict
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope='module')
+def quick(tmp_path_factory):
+  """One ``--quick`` run, shared: (payload, stdout, out folder)."""
+  out = tmp_path_factory.mktemp('quick')
+  stdout = io.StringIO()
+  with contextlib.redirect_stdout(stdout):
+    payload = demo.main(['--quick', '--no-progress', '--out', str(out)])
+  return payload, stdout.getvalue(), out
+
+
+def test_quick_run_writes_the_frontier_the_critical_arm_and_a_verdict(quick):
+  payload, stdout, out = quick
+  for name in ('curves.png', 'results.json', 'table.txt'):
+    assert (out / name).stat().st_size > 0
+  saved = json.loads((out / 'results.json').read_text())
+  assert list(saved['arms']) == ['control', 'fixed2', 'fixed4', 'critical']
+  assert [p['arm'] for p in saved['frontier']] == ['control', 'fixed2', 'fixed4']
+  count = saved['config']['count']
+  for point, k in zip(saved['frontier'], (1, 2, 4), strict=True):
+    assert point['steps'] == count // k
+  assert set(saved['verdict']['32x1']) == {'critical'}
+  assert saved['verdict_lines'][0].startswith('verdict (32x1, seed 0)')
+  assert saved['verdict_lines'][0] in stdout and not saved['interrupted']
+  table = (out / 'table.txt').read_text().splitlines()
+  assert table[1].split()[:3] == ['arm', 'val', 'loss']
+  assert [line.split()[0] for line in table[2:6]] == ['control', 'fixed2', 'fixed4', 'critical']
+  assert payload['arms'].keys() == saved['arms'].keys()
+  # The split of its time between compiling and training, summed over the arms.
+  records = saved['arms'].values()
+  assert saved['seconds']['compiling'] == pytest.approx(
+      sum(a['summary']['compile_seconds'] for a in records)
+  )
+  assert saved['seconds']['training'] == pytest.approx(
+      sum(a['summary']['seconds'] for a in records)
+  )
+  assert f"time: {saved['seconds']['training']:.0f} s training" in stdout
+
+
+def test_quick_run_arms_share_microbatches_and_differ_in_when_they_step(quick):
+  payload, _, _ = quick
+  records = payload['arms']
+  count = payload['config']['count']
+  assert {a['summary']['tokens'] for a in records.values()} == {count * 8 * 32}
+  for name, k in (('control', 1), ('fixed2', 2), ('fixed4', 4)):
+    summary = records[name]['summary']
+    assert summary['steps'] == count // k and summary['num_forced'] == 0
+    assert summary['peak_lr'] == pytest.approx(arms.FRONTIER_LR['96x3'][k])  # 32x1: not swept
+  critical = records['critical']
+  assert critical['summary']['peak_lr'] == pytest.approx(4.2e-3)
+  draws = critical['draws_per_step']  # the microbatches of every step add up
+  assert len(draws) == critical['summary']['steps'] and sum(draws) <= count
+  assert all(1 <= d <= 32 for d in draws) and max(draws) >= 2  # it probes the noise
+  assert critical['trace'][-1]['target_batch_size'] >= 8  # at least one microbatch
+  for arm in records.values():
+    curve = arm['curve']
+    assert len(curve) == 4 and curve[-1]['tokens'] == arm['summary']['tokens']
+    assert np.all(np.diff([p['steps'] for p in curve]) > 0)
+    assert curve[-1]['val_loss'] < arm['summary']['initial_val_loss'] - 1.0  # it learns
+
+
+def test_quick_run_verdict_is_the_verdict_of_its_arms(quick):
+  payload, _, _ = quick
+  s = {a: r['summary'] for a, r in payload['arms'].items()}
+  frontier = [(s[a]['steps'], s[a]['val_loss']) for a in ('control', 'fixed2', 'fixed4')]
+  expected = verdict.verdict(
+      frontier,
+      {'critical': (s['critical']['steps'], s['critical']['val_loss'])},
+      (s['control']['steps'], s['control']['val_loss']),
+  )
+  judged = dict(payload['verdict']['32x1']['critical'])
+  assert judged.pop('seed_margins') == [judged['margin']]  # one seed: its own frontier
+  assert judged == expected['critical']
+  assert judged['position'] == ('below' if judged['margin'] > 0 else 'above')  # no spread
+
+
+def test_demo_is_deterministic(quick, tmp_path):
+  payload, _, _ = quick
+  again = demo.main(['--quick', '--no-progress', '--arms', 'critical', '--out', str(tmp_path)])
+  assert again['arms']['critical']['curve'] == payload['arms']['critical']['curve']
+  assert (
+      again['arms']['critical']['draws_per_step'] == payload['arms']['critical']['draws_per_step']
+  )
+
+
+def test_demo_trains_on_a_users_file(tmp_path):
+  text = tmp_path / 'text.txt'
+  text.write_text('the quick brown fox jumps over the lazy dog. ' * 2000)
+  args = ['--quick', '--no-progress', '--arms', 'control', '--out', str(tmp_path / 'out')]
+  payload = demo.main([*args, '--data', str(text)])
+  assert payload['corpus_files'] == [str(text)]
+  assert payload['arms']['control']['summary']['val_loss'] < 1.0  # easy, repetitive text
+
+
+def test_study_runs_every_seed_and_writes_its_summary(quick, tmp_path):
+  payload = demo.main(
+      [
+          '--study',  # at --quick's settings (--quick --study is refused)
+          *('--tokens', '40000', '--corpus-bytes', '400000', '--context', '32', '--evals', '4'),
+          '--no-progress',
+          '--sizes',
+          '32x1',
+          '--arms',
+          'control,fixed2,critical',
+          '--out',
+          str(tmp_path),
+      ]
+  )
+  assert (tmp_path / 'study.png').stat().st_size > 0
+  assert [(r['size'], r['seed']) for r in payload['runs']] == [('32x1', 0), ('32x1', 1)]
+  (summary,) = payload['summary']
+  losses = {
+      a: [r['arms'][a]['summary']['val_loss'] for r in payload['runs']] for a in summary['arms']
+  }
+  assert summary['spread'] == pytest.approx(verdict.seed_spread(losses))
+  assert summary['spread'] > 0  # the seeds differ
+  assert payload['runs'][0]['arms']['critical']['curve'] == quick[0]['arms']['critical']['curve']
+  text = (tmp_path / 'table.txt').read_text()
+  assert 'seeds 0,1, seed spread' in text and summary['verdict_line'] in text
+
+
+def test_ctrl_c_keeps_the_arms_that_finished(quick, tmp_path, monkeypatch, capsys):
+  finished = []
+  real = job.run_arm
+
+  def run_arm(name, *args):
+    if finished:
+      raise KeyboardInterrupt
+    finished.append(name)
+    return real(name, *args)
+
+  monkeypatch.setattr(job, 'run_arm', run_arm)
+  with pytest.raises(SystemExit) as exit_info:
+    demo.main(['--quick', '--no-progress', '--arms', 'fixed2,critical', '--out', str(tmp_path)])
+  assert exit_info.value.code == 130
+  saved = json.loads((tmp_path / 'results.json').read_text())
+  assert saved['interrupted'] and list(saved['arms']) == ['fixed2']
+  assert (tmp_path / 'curves.png').stat().st_size > 0
+  assert (tmp_path / 'table.txt').read_text().splitlines()[2].startswith('fixed2')
+  assert 'interrupted' in capsys.readouterr().err
+
+
+def test_ctrl_c_before_any_arm_finished_writes_nothing(tmp_path, monkeypatch, capsys):
+  def interrupt(*args):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(job, 'run_arm', interrupt)
+  with pytest.raises(SystemExit) as exit_info:
+    demo.main(['--quick', '--no-progress', '--out', str(tmp_path)])
+  assert exit_info.value.code == 130
+  assert not list(tmp_path.iterdir())
+  assert 'nothing written' in capsys.readouterr().err

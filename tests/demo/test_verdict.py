@@ -1,0 +1,122 @@
+"""The verdict: the frontier, the margins, the seed spread and the summary."""
+
+import math
+
+import pytest
+
+from optax_gqc import study
+from optax_gqc.demo import arms, plot, verdict
+
+pytestmark = pytest.mark.slow
+
+
+FRONTIER = [(1000, 1.80), (500, 1.90), (250, 2.00), (125, 2.15)]  # any order
+
+
+def test_frontier_is_interpolated_linearly_in_log_steps():
+  assert study.frontier_loss_at(FRONTIER, 500) == pytest.approx(1.90)
+  assert study.frontier_loss_at(FRONTIER, math.sqrt(500 * 1000)) == pytest.approx(1.85)
+  assert study.frontier_loss_at(FRONTIER, 125 * 2**0.25) == pytest.approx(2.15 - 0.15 / 4)
+  assert study.frontier_loss_at(FRONTIER, 125) == pytest.approx(2.15)
+  assert study.frontier_loss_at(FRONTIER, 124) is None  # no extrapolation
+  assert study.frontier_loss_at(FRONTIER, 1001) is None
+  assert study.frontier_loss_at(FRONTIER[:1], 1000) is None
+
+
+def test_verdict_margin_position_and_the_control_bar():
+  control = (1000, 1.80)
+  points = {
+      'better': (400, 1.81),  # frontier there: 1.90 - 0.10 * log(400/250)/log(2)
+      'worse': (500, 2.00),
+      'few': (100, 2.0),
+      'many': (2000, 1.7),
+  }
+  v = verdict.verdict(FRONTIER, points, control)
+  at = 2.00 - 0.10 * math.log(400 / 250) / math.log(2)
+  assert v['better']['frontier_loss'] == pytest.approx(at)
+  assert v['better']['margin'] == pytest.approx(at - 1.81)
+  assert v['better']['position'] == 'below'
+  assert v['better']['near_control'] and v['better']['step_ratio'] == pytest.approx(0.4)
+  assert v['worse']['position'] == 'above' and v['worse']['margin'] == pytest.approx(-0.10)
+  assert not v['worse']['near_control']  # 0.2 nats worse than the control
+  for name in ('few', 'many'):
+    assert v[name]['position'] == 'outside' and v[name]['margin'] is None
+  assert not v['many']['near_control']  # better loss, but more steps than 0.6x
+  lines = verdict.verdict_line(v).splitlines()
+  assert len(lines) == 5 and 'nats, + is better' in lines[0]  # a heading, one line per arm
+  assert lines[1].startswith('  better: below the frontier') and 'margin +0.' in lines[1]
+  assert lines[2].startswith('  worse: above the frontier') and 'margin -0.100' in lines[2]
+  assert 'outside the frontier' in lines[3] and 'meets' in lines[1] and 'misses' in lines[2]
+
+
+def test_verdict_near_control_bar_is_inclusive_at_its_edges():
+  v = verdict.verdict(FRONTIER, {'edge': (600, 1.82)}, (1000, 1.80))['edge']
+  assert v['step_ratio'] == pytest.approx(0.6) and v['near_control']
+  v = verdict.verdict(FRONTIER, {'slow': (601, 1.80)}, (1000, 1.80))['slow']
+  assert not v['near_control']
+
+
+def test_below_the_frontier_needs_a_margin_beyond_the_seed_spread():
+  arm = {'a': (500, 1.87)}  # 0.03 below the frontier
+  one_seed = verdict.verdict(FRONTIER, arm, None)['a']  # within one seed's noise
+  assert one_seed['position'] == 'on' and verdict.ONE_SEED_NOISE >= 0.03
+  assert "within one seed's noise" in verdict.verdict_line({'a': one_seed})
+  assert verdict.verdict(FRONTIER, {'b': (500, 1.85)}, None)['b']['position'] == 'below'
+  assert verdict.verdict(FRONTIER, arm, None, spread=0.02)['a']['position'] == 'below'
+  within = verdict.verdict(FRONTIER, arm, None, spread=0.05)['a']
+  assert within['position'] == 'on' and within['margin'] == pytest.approx(0.03)
+  assert within['step_ratio'] is None and not within['near_control']
+  assert 'within the spread' in verdict.verdict_line({'a': within})
+
+
+def test_frontier_points_are_the_fixed_arms_in_order_of_k():
+  summaries = {
+      'critical': {'steps': 300, 'val_loss': 1.7},
+      'fixed4': {'steps': 250, 'val_loss': 2.0},
+      'control': {'steps': 1000, 'val_loss': 1.8},
+  }
+  assert verdict.frontier_points(summaries) == [(1000, 1.8), (250, 2.0)]
+  assert verdict.frontier_points({}) == []
+
+
+def test_seed_spread_is_the_largest_range_of_an_arm_over_seeds():
+  assert verdict.seed_spread({'a': [1.80, 1.83], 'b': [1.90, 1.85, 1.86]}) == pytest.approx(0.05)
+  assert verdict.seed_spread({'a': [1.8], 'b': [1.9]}) is None
+
+
+def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
+  def run(seed, losses):
+    records = {
+        a: {'summary': {'val_loss': v, 'steps': s, 'draws_per_step': 1000 / s}}
+        for a, (s, v) in losses.items()
+    }
+    for a in records.values():
+      a['summary'].update(num_forced=0, seconds=1.0, noise_scale=None)
+    return {'size': '8x1', 'seed': seed, 'arms': records}
+
+  runs = [
+      run(0, {'control': (1000, 1.80), 'fixed2': (500, 1.90), 'critical': (700, 1.80)}),
+      run(1, {'control': (1000, 1.84), 'fixed2': (500, 1.90), 'critical': (700, 1.82)}),
+  ]
+  other = run(0, {'control': (1000, 2.0), 'fixed2': (500, 2.1), 'critical': (400, 2.0)})
+  runs.append({**other, 'size': '4x1'})
+  summary, small = verdict.summarize(runs, ['control', 'fixed2', 'critical'])
+  assert (summary['size'], small['size']) == ('8x1', '4x1')
+  assert small['spread'] is None and small['verdict']['critical']['position'] == 'outside'
+  assert summary['seeds'] == [0, 1] and summary['spread'] == pytest.approx(0.04)
+  assert summary['arms']['control']['val_loss'] == pytest.approx(1.82)
+  v = summary['verdict']['critical']
+  at = 1.90 - 0.08 * math.log(700 / 500) / math.log(2)
+  assert v['frontier_loss'] == pytest.approx(at) and v['margin'] == pytest.approx(at - 1.81)
+  assert v['position'] == ('below' if at - 1.81 > 0.04 else 'on')
+  at0, at1 = (1.90 - d * math.log(700 / 500) / math.log(2) for d in (0.10, 0.06))
+  assert v['seed_margins'] == [pytest.approx(at0 - 1.80), pytest.approx(at1 - 1.82)]
+  assert summary['verdict_line'].startswith('verdict (8x1, seeds 0,1, spread 0.040)')
+  assert 'caveat: the frontier runs at the learning rates swept at 96x3' in summary['verdict_line']
+  for size in arms.FRONTIER_LR:
+    swept = verdict.summarize([{**r, 'size': size} for r in runs[:2]], ['control', 'fixed2'])
+    assert 'caveat' not in swept[0]['verdict_line']
+  lines = verdict.table(summary)
+  assert len(lines) == 2 + 3 + 1 and lines[-1].startswith('units: ')  # headings, arms, units
+  plot.plot_study(runs, [summary, small], tmp_path / 'study.png')
+  assert (tmp_path / 'study.png').stat().st_size > 0
