@@ -7,7 +7,6 @@ as torch-gqc's factories do: the inner optimizer is built with
 microbatch count before every update.
 """
 
-import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,8 +18,7 @@ import optax
 from optax_gqc import _checks, gates
 from optax_gqc._accumulation import AccumulationTransformation, _check_state, accumulate
 from optax_gqc._scale_to_norm import scale_to_norm
-from optax_gqc.schedules import (  # _check_steps: the schedules' own check, kept in their leaf
-    _check_steps,
+from optax_gqc.schedules import (
     constant_with_inverse_warmup,
     constant_with_warmup,
     cosine_with_inverse_warmup,
@@ -230,92 +228,71 @@ def scheduled_accumulation(
   return schedule_by_microbatch(tx, **hyperparams)
 
 
-# The accumulation's arguments, which a recipe forwards as they are.
-_ENGINE_ARGS = (
-    'max_draws',
-    'microbatch_size',
-    'accumulator_dtype',
-    'skip_nonfinite',
-    'scale_by_draws',
-    'axis_name',
-)
-# The arguments every recipe reads itself; any other is one of its numbers, >= 0.
-_OWN_ARGS = (
-    'learning_rate',
-    'total_steps',
-    'warmup_steps',
-    'weight_decay',
-    'optimizer',
-    'optimizer_kwargs',
-    *_ENGINE_ARGS,
-)
+def _check_run(total_steps: int, warmup_steps: int, **numbers: Any) -> None:
+  """Raises unless the run's microbatch counts fit and every number is >= 0.
 
-
-def _recipe(*, conventional_lr: bool, gnr: bool = False):
-  """Turns a function that returns a recipe's gate into the recipe.
-
-  The decorated function keeps its signature and docstring, and its body
-  returns only what sets the recipe apart: its gate (with ``gnr``, the
-  schedule of its target norm). The rest is the same for every recipe, and
-  done here: the arguments are checked (every number >= 0, ``warmup_steps <=
-  total_steps``, ``optimizer`` a factory), the learning rate and the weight
-  decay are scheduled per microbatch as torch-gqc's factories schedule them,
-  and the transformation is built: :func:`scheduled_accumulation`, or for
-  GNR, which steps on every microbatch, ``optimizer`` behind
-  :func:`scale_to_norm`.
-
-  Args:
-    conventional_lr: the ``_conventional_lr`` recipes: the learning rate warms
-      up, then anneals by a quarter cosine to 0; a weight decay (in
-      ``optimizer_kwargs``) is not scheduled. Otherwise torch-gqc's usual
-      recipe: the learning rate warms up and stays; ``weight_decay``, unless
-      None, warms up, then anneals by a quarter cosine to 0.
-    gnr: the function returns the target norm's schedule, not a gate.
+  ``numbers`` are values after the warmup, not schedules: the recipe schedules
+  them per microbatch.
   """
-
-  def decorate(build):
-    signature = inspect.signature(build)
-
-    @functools.wraps(build)
-    def recipe(*args, **kwargs):
-      bound = signature.bind(*args, **kwargs)
-      bound.apply_defaults()
-      a = bound.arguments
-      lr, total, warmup = a['learning_rate'], a['total_steps'], a['warmup_steps']
-      _check_steps(warmup, total)
-      if warmup > total:
-        raise ValueError(
-            f'warmup_steps ({warmup}) must be <= total_steps ({total}): the warmup is part '
-            'of the run. Pass warmup_steps <= total_steps'
-        )
-      _check_base('learning_rate', lr)
-      for name, value in a.items():
-        if name not in _OWN_ARGS:
-          _check_base(name, value)
-      if conventional_lr:
-        hyperparams = {'learning_rate': cosine_with_warmup(lr, 0.0, warmup, total)}
-      else:
-        hyperparams = {'learning_rate': constant_with_warmup(lr, warmup)}
-        if a.get('weight_decay') is not None:
-          _check_base('weight_decay', a['weight_decay'])
-          hyperparams['weight_decay'] = cosine_with_warmup(a['weight_decay'], 0.0, warmup, total)
-      optimizer, optimizer_kwargs = a['optimizer'], a['optimizer_kwargs']
-      _check_optimizer(optimizer, [*hyperparams, *optimizer_kwargs])
-      made = build(*bound.args, **bound.kwargs)
-      if gnr:
-        # GNR steps on every microbatch, so the optimizer's own count is the
-        # microbatch count and inject_hyperparams can evaluate the schedules.
-        injected = optax.inject_hyperparams(optimizer, hyperparam_dtype=jnp.float32)
-        return optax.chain(scale_to_norm(made), injected(**optimizer_kwargs, **hyperparams))
-      engine = {name: a[name] for name in _ENGINE_ARGS if name in a}
-      return scheduled_accumulation(optimizer, made, hyperparams, **engine, **optimizer_kwargs)
-
-    return recipe
-
-  return decorate
+  _checks.check_count('warmup_steps', warmup_steps)
+  _checks.check_count('total_steps', total_steps)
+  if warmup_steps > total_steps:
+    raise ValueError(
+        f'warmup_steps ({warmup_steps}) must be <= total_steps ({total_steps}): the warmup is '
+        'part of the run. Pass warmup_steps <= total_steps'
+    )
+  for name, value in numbers.items():
+    _check_base(name, value)
 
 
-@_recipe(conventional_lr=False)
+def _constant_lr(
+    learning_rate: float, weight_decay: float | None, warmup_steps: int, total_steps: int
+) -> dict[str, optax.Schedule]:
+  """torch-gqc's usual schedules of the inner optimizer.
+
+  The learning rate warms up and stays; the weight decay, unless None, warms
+  up, then anneals by a quarter cosine to 0.
+  """
+  hyperparams = {'learning_rate': constant_with_warmup(learning_rate, warmup_steps)}
+  if weight_decay is not None:
+    _check_base('weight_decay', weight_decay)
+    hyperparams['weight_decay'] = cosine_with_warmup(weight_decay, 0.0, warmup_steps, total_steps)
+  return hyperparams
+
+
+def _conventional_lr(
+    learning_rate: float, warmup_steps: int, total_steps: int
+) -> dict[str, optax.Schedule]:
+  """The ``_conventional_lr`` recipes' schedule: a warmup, then a quarter cosine to 0."""
+  return {'learning_rate': cosine_with_warmup(learning_rate, 0.0, warmup_steps, total_steps)}
+
+
+def _accumulating_recipe(
+    optimizer: Callable[..., optax.GradientTransformation],
+    gate: gates.Gate,
+    hyperparams: Mapping[str, optax.Schedule],
+    optimizer_kwargs: Mapping[str, Any],
+    **engine_args: Any,
+) -> AccumulationTransformation:
+  """A recipe's accumulation: :func:`scheduled_accumulation` with its gate and schedules."""
+  _check_optimizer(optimizer, [*hyperparams, *optimizer_kwargs])
+  return scheduled_accumulation(optimizer, gate, hyperparams, **engine_args, **optimizer_kwargs)
+
+
+def _rescaling_recipe(
+    optimizer: Callable[..., optax.GradientTransformation],
+    target: optax.Schedule,
+    hyperparams: Mapping[str, optax.Schedule],
+    optimizer_kwargs: Mapping[str, Any],
+) -> optax.GradientTransformationExtraArgs:
+  """A GNR recipe: ``optimizer``, its hyperparameters scheduled, behind :func:`scale_to_norm`."""
+  _check_optimizer(optimizer, [*hyperparams, *optimizer_kwargs])
+  # GNR steps on every microbatch, so the optimizer's own count is the
+  # microbatch count and inject_hyperparams can evaluate the schedules.
+  injected = optax.inject_hyperparams(optimizer, hyperparam_dtype=jnp.float32)
+  return optax.chain(scale_to_norm(target), injected(**optimizer_kwargs, **hyperparams))
+
+
 def gnts_with_cosine_schedule(
     learning_rate: float,
     total_steps: int,
@@ -381,14 +358,32 @@ def gnts_with_cosine_schedule(
     >>> tx = optax_gqc.gnts_with_cosine_schedule(
     ...     3e-3, total_steps=10_000, warmup_steps=500)
   """
-  return gates.norm_below(
-      cosine_with_inverse_warmup(
-          initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
-      )
+  _check_run(
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_threshold=initial_threshold,
+      final_threshold=final_threshold,
+      warmup_multiplier=warmup_multiplier,
+  )
+  hyperparams = _constant_lr(learning_rate, weight_decay, warmup_steps, total_steps)
+  threshold = cosine_with_inverse_warmup(
+      initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
+  )
+  return _accumulating_recipe(
+      optimizer,
+      gates.norm_below(threshold),
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )
 
 
-@_recipe(conventional_lr=True)
 def gnts_with_cosine_schedule_conventional_lr(
     learning_rate: float,
     total_steps: int,
@@ -414,14 +409,32 @@ def gnts_with_cosine_schedule_conventional_lr(
   (in ``optimizer_kwargs``) is not scheduled. Arguments as in
   :func:`gnts_with_cosine_schedule`.
   """
-  return gates.norm_below(
-      cosine_with_inverse_warmup(
-          initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
-      )
+  _check_run(
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_threshold=initial_threshold,
+      final_threshold=final_threshold,
+      warmup_multiplier=warmup_multiplier,
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
+  threshold = cosine_with_inverse_warmup(
+      initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
+  )
+  return _accumulating_recipe(
+      optimizer,
+      gates.norm_below(threshold),
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )
 
 
-@_recipe(conventional_lr=False, gnr=True)
 def gnr_with_cosine_schedule(
     learning_rate: float,
     initial_norm: float,
@@ -456,10 +469,18 @@ def gnr_with_cosine_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  return cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
+  _check_run(
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_norm=initial_norm,
+      final_norm=final_norm,
+  )
+  hyperparams = _constant_lr(learning_rate, weight_decay, warmup_steps, total_steps)
+  target = cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
+  return _rescaling_recipe(optimizer, target, hyperparams, optimizer_kwargs)
 
 
-@_recipe(conventional_lr=True, gnr=True)
 def gnr_with_cosine_schedule_conventional_lr(
     learning_rate: float,
     initial_norm: float,
@@ -477,10 +498,18 @@ def gnr_with_cosine_schedule_conventional_lr(
   norm follows :func:`gnr_with_cosine_schedule`; the weight decay is not
   scheduled. Arguments as in :func:`gnr_with_cosine_schedule`.
   """
-  return cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
+  _check_run(
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_norm=initial_norm,
+      final_norm=final_norm,
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
+  target = cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
+  return _rescaling_recipe(optimizer, target, hyperparams, optimizer_kwargs)
 
 
-@_recipe(conventional_lr=False)
 def sbc_with_polynomial_schedule(
     learning_rate: float,
     microbatch_size: int,
@@ -536,15 +565,32 @@ def sbc_with_polynomial_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs` called once per microbatch.
   """
-  return gates.batch_size_at_least(
-      polynomial_with_warmup(
-          initial_batch_size, final_batch_size, warmup_steps, total_steps, power
-      ),
-      microbatch_size,
+  _check_run(
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_batch_size=initial_batch_size,
+      final_batch_size=final_batch_size,
+      power=power,
+  )
+  hyperparams = _constant_lr(learning_rate, weight_decay, warmup_steps, total_steps)
+  batch_size = polynomial_with_warmup(
+      initial_batch_size, final_batch_size, warmup_steps, total_steps, power
+  )
+  return _accumulating_recipe(
+      optimizer,
+      gates.batch_size_at_least(batch_size, microbatch_size),
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )
 
 
-@_recipe(conventional_lr=True)
 def sbc_with_polynomial_schedule_conventional_lr(
     learning_rate: float,
     microbatch_size: int,
@@ -569,15 +615,32 @@ def sbc_with_polynomial_schedule_conventional_lr(
   logical batch follows :func:`sbc_with_polynomial_schedule`; the weight decay
   is not scheduled. Arguments as in :func:`sbc_with_polynomial_schedule`.
   """
-  return gates.batch_size_at_least(
-      polynomial_with_warmup(
-          initial_batch_size, final_batch_size, warmup_steps, total_steps, power
-      ),
-      microbatch_size,
+  _check_run(
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_batch_size=initial_batch_size,
+      final_batch_size=final_batch_size,
+      power=power,
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
+  batch_size = polynomial_with_warmup(
+      initial_batch_size, final_batch_size, warmup_steps, total_steps, power
+  )
+  return _accumulating_recipe(
+      optimizer,
+      gates.batch_size_at_least(batch_size, microbatch_size),
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )
 
 
-@_recipe(conventional_lr=True)
 def gns_with_cosine_schedule(
     learning_rate: float,
     initial_tolerance: float,
@@ -625,14 +688,32 @@ def gns_with_cosine_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  return gates.noise_ratio_below(
-      cosine_with_inverse_warmup(
-          initial_tolerance, final_tolerance, warmup_steps, total_steps, warmup_multiplier
-      )
+  _check_run(
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_tolerance=initial_tolerance,
+      final_tolerance=final_tolerance,
+      warmup_multiplier=warmup_multiplier,
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
+  tolerance = cosine_with_inverse_warmup(
+      initial_tolerance, final_tolerance, warmup_steps, total_steps, warmup_multiplier
+  )
+  return _accumulating_recipe(
+      optimizer,
+      gates.noise_ratio_below(tolerance),
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )
 
 
-@_recipe(conventional_lr=True)
 def gns_default(
     learning_rate: float,
     tolerance: float,
@@ -656,10 +737,22 @@ def gns_default(
   factory keeps) to ``tolerance`` over the warmup, then stays. Arguments as in
   :func:`gns_with_cosine_schedule`.
   """
-  return gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup_steps))
+  _check_run(total_steps, warmup_steps, learning_rate=learning_rate, tolerance=tolerance)
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
+  return _accumulating_recipe(
+      optimizer,
+      gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup_steps)),
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
+  )
 
 
-@_recipe(conventional_lr=True)
 def mht_with_warmup_schedule(
     learning_rate: float,
     confidence: float,
@@ -707,9 +800,30 @@ def mht_with_warmup_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  _checks.check_unit_interval('confidence', confidence)  # _recipe checked it is a number >= 0
-  return gates.loss_interval(
+  _check_run(
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      confidence=confidence,
+      percent_error=percent_error,
+      decay=decay,
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup_steps, total_steps)
+  _checks.check_unit_interval('confidence', confidence)
+  gate = gates.loss_interval(
       cosine_with_warmup(confidence, confidence, warmup_steps, total_steps),
       cosine_with_warmup(percent_error, percent_error, warmup_steps, total_steps),
       decay=decay,
+  )
+  return _accumulating_recipe(
+      optimizer,
+      gate,
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )
