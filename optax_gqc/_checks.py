@@ -109,6 +109,12 @@ def check_positive_int(name: str, value: Any, fix: str = '') -> None:
     )
 
 
+def check_count(name: str, value: Any) -> None:
+  """Raises unless ``value`` is a Python int >= 0, such as a number of microbatches."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise ValueError(f'{name} must be an int >= 0, got {value!r}')
+
+
 def check_transformation(name: str, value: Any) -> None:
   """Raises unless ``value`` is an optax transformation (it has ``init`` and ``update``)."""
   if hasattr(value, 'init') and hasattr(value, 'update'):

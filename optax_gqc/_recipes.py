@@ -7,7 +7,6 @@ as torch-gqc's factories do: the inner optimizer is built with
 microbatch count before every update.
 """
 
-import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,8 +18,7 @@ import optax
 from optax_gqc import _checks, gates
 from optax_gqc._accumulation import AccumulationTransformation, _check_state, accumulate
 from optax_gqc._scale_to_norm import scale_to_norm
-from optax_gqc.schedules import (  # _check_steps: the schedules' own check, kept in their leaf
-    _check_steps,
+from optax_gqc.schedules import (
     constant_with_inverse_warmup,
     constant_with_warmup,
     cosine_with_inverse_warmup,
@@ -230,96 +228,102 @@ def scheduled_accumulation(
   return schedule_by_microbatch(tx, **hyperparams)
 
 
-# The accumulation's arguments, which a recipe forwards as they are.
-_ENGINE_ARGS = (
-    'max_draws',
-    'microbatch_size',
-    'accumulator_dtype',
-    'skip_nonfinite',
-    'scale_by_draws',
-    'axis_name',
-)
-# The arguments every recipe reads itself; any other is one of its numbers, >= 0.
-_OWN_ARGS = (
-    'learning_rate',
-    'total_steps',
-    'warmup_steps',
-    'weight_decay',
-    'optimizer',
-    'optimizer_kwargs',
-    *_ENGINE_ARGS,
-)
+def _given(name: str, value: int | None, alias: str, alias_value: int | None) -> tuple[str, int]:
+  """The count passed as ``name`` or as its ``alias``, and the name it was passed as."""
+  if value is not None and alias_value is not None:
+    raise TypeError(
+        f'{name} and {alias} are one argument, {alias} its alias: pass one of them, not both'
+    )
+  if alias_value is not None:
+    return alias, alias_value
+  if value is None:
+    raise TypeError(
+        f'missing the argument {name} (a number of microbatches, calls of update; '
+        f'{alias} is its alias)'
+    )
+  return name, value
 
 
-def _recipe(*, conventional_lr: bool, gnr: bool = False):
-  """Turns a function that returns a recipe's gate into the recipe.
+def _run_length(
+    total_microbatches: int | None,
+    warmup_microbatches: int | None,
+    total_steps: int | None,
+    warmup_steps: int | None,
+    **numbers: Any,
+) -> tuple[int, int]:
+  """The run's and the warmup's microbatches, checked with the recipe's other numbers.
 
-  The decorated function keeps its signature and docstring, and its body
-  returns only what sets the recipe apart: its gate (with ``gnr``, the
-  schedule of its target norm). The rest is the same for every recipe, and
-  done here: the arguments are checked (every number >= 0, ``warmup_steps <=
-  total_steps``, ``optimizer`` a factory), the learning rate and the weight
-  decay are scheduled per microbatch as torch-gqc's factories schedule them,
-  and the transformation is built: :func:`scheduled_accumulation`, or for
-  GNR, which steps on every microbatch, ``optimizer`` behind
-  :func:`scale_to_norm`.
-
-  Args:
-    conventional_lr: the ``_conventional_lr`` recipes: the learning rate warms
-      up, then anneals by a quarter cosine to 0; a weight decay (in
-      ``optimizer_kwargs``) is not scheduled. Otherwise torch-gqc's usual
-      recipe: the learning rate warms up and stays; ``weight_decay``, unless
-      None, warms up, then anneals by a quarter cosine to 0.
-    gnr: the function returns the target norm's schedule, not a gate.
+  Raises unless both counts are given once (by name or alias), the warmup fits
+  in the run, and every number is >= 0. ``numbers`` are values after the
+  warmup, not schedules: the recipe schedules them per microbatch. Errors
+  name each count as it was passed.
   """
-
-  def decorate(build):
-    signature = inspect.signature(build)
-
-    @functools.wraps(build)
-    def recipe(*args, **kwargs):
-      bound = signature.bind(*args, **kwargs)
-      bound.apply_defaults()
-      a = bound.arguments
-      lr, total, warmup = a['learning_rate'], a['total_steps'], a['warmup_steps']
-      _check_steps(warmup, total)
-      if warmup > total:
-        raise ValueError(
-            f'warmup_steps ({warmup}) must be <= total_steps ({total}): the warmup is part '
-            'of the run. Pass warmup_steps <= total_steps'
-        )
-      _check_base('learning_rate', lr)
-      for name, value in a.items():
-        if name not in _OWN_ARGS:
-          _check_base(name, value)
-      if conventional_lr:
-        hyperparams = {'learning_rate': cosine_with_warmup(lr, 0.0, warmup, total)}
-      else:
-        hyperparams = {'learning_rate': constant_with_warmup(lr, warmup)}
-        if a.get('weight_decay') is not None:
-          _check_base('weight_decay', a['weight_decay'])
-          hyperparams['weight_decay'] = cosine_with_warmup(a['weight_decay'], 0.0, warmup, total)
-      optimizer, optimizer_kwargs = a['optimizer'], a['optimizer_kwargs']
-      _check_optimizer(optimizer, [*hyperparams, *optimizer_kwargs])
-      made = build(*bound.args, **bound.kwargs)
-      if gnr:
-        # GNR steps on every microbatch, so the optimizer's own count is the
-        # microbatch count and inject_hyperparams can evaluate the schedules.
-        injected = optax.inject_hyperparams(optimizer, hyperparam_dtype=jnp.float32)
-        return optax.chain(scale_to_norm(made), injected(**optimizer_kwargs, **hyperparams))
-      engine = {name: a[name] for name in _ENGINE_ARGS if name in a}
-      return scheduled_accumulation(optimizer, made, hyperparams, **engine, **optimizer_kwargs)
-
-    return recipe
-
-  return decorate
+  total_name, total = _given('total_microbatches', total_microbatches, 'total_steps', total_steps)
+  warmup_name, warmup = _given(
+      'warmup_microbatches', warmup_microbatches, 'warmup_steps', warmup_steps
+  )
+  _checks.check_count(warmup_name, warmup)
+  _checks.check_count(total_name, total)
+  if warmup > total:
+    raise ValueError(
+        f'{warmup_name} ({warmup}) must be <= {total_name} ({total}): the warmup is part of '
+        f'the run. Pass {warmup_name} <= {total_name}'
+    )
+  for name, value in numbers.items():
+    _check_base(name, value)
+  return total, warmup
 
 
-@_recipe(conventional_lr=False)
+def _constant_lr(
+    learning_rate: float, weight_decay: float | None, warmup: int, total: int
+) -> dict[str, optax.Schedule]:
+  """torch-gqc's usual schedules of the inner optimizer.
+
+  The learning rate warms up and stays; the weight decay, unless None, warms
+  up, then anneals by a quarter cosine to 0.
+  """
+  hyperparams = {'learning_rate': constant_with_warmup(learning_rate, warmup)}
+  if weight_decay is not None:
+    _check_base('weight_decay', weight_decay)
+    hyperparams['weight_decay'] = cosine_with_warmup(weight_decay, 0.0, warmup, total)
+  return hyperparams
+
+
+def _conventional_lr(learning_rate: float, warmup: int, total: int) -> dict[str, optax.Schedule]:
+  """The ``_conventional_lr`` recipes' schedule: a warmup, then a quarter cosine to 0."""
+  return {'learning_rate': cosine_with_warmup(learning_rate, 0.0, warmup, total)}
+
+
+def _accumulating_recipe(
+    optimizer: Callable[..., optax.GradientTransformation],
+    gate: gates.Gate,
+    hyperparams: Mapping[str, optax.Schedule],
+    optimizer_kwargs: Mapping[str, Any],
+    **engine_args: Any,
+) -> AccumulationTransformation:
+  """A recipe's accumulation: :func:`scheduled_accumulation` with its gate and schedules."""
+  _check_optimizer(optimizer, [*hyperparams, *optimizer_kwargs])
+  return scheduled_accumulation(optimizer, gate, hyperparams, **engine_args, **optimizer_kwargs)
+
+
+def _rescaling_recipe(
+    optimizer: Callable[..., optax.GradientTransformation],
+    target: optax.Schedule,
+    hyperparams: Mapping[str, optax.Schedule],
+    optimizer_kwargs: Mapping[str, Any],
+) -> optax.GradientTransformationExtraArgs:
+  """A GNR recipe: ``optimizer``, its hyperparameters scheduled, behind :func:`scale_to_norm`."""
+  _check_optimizer(optimizer, [*hyperparams, *optimizer_kwargs])
+  # GNR steps on every microbatch, so the optimizer's own count is the
+  # microbatch count and inject_hyperparams can evaluate the schedules.
+  injected = optax.inject_hyperparams(optimizer, hyperparam_dtype=jnp.float32)
+  return optax.chain(scale_to_norm(target), injected(**optimizer_kwargs, **hyperparams))
+
+
 def gnts_with_cosine_schedule(
     learning_rate: float,
-    total_steps: int,
-    warmup_steps: int,
+    total_microbatches: int | None = None,
+    warmup_microbatches: int | None = None,
     initial_threshold: float = 0.95,
     final_threshold: float = 0.25,
     warmup_multiplier: float = 10.0,
@@ -332,6 +336,8 @@ def gnts_with_cosine_schedule(
     skip_nonfinite: bool = True,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
+    total_steps: int | None = None,
+    warmup_steps: int | None = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """GNTS with a constant learning rate and an annealed threshold.
@@ -346,10 +352,11 @@ def gnts_with_cosine_schedule(
 
   Args:
     learning_rate: the inner optimizer's learning rate after warmup.
-    total_steps: microbatches in the run (torch-gqc's ``num_training_steps``).
-    warmup_steps: microbatches of warmup (``num_warmup_steps``).
+    total_microbatches: microbatches in the run, calls of ``update``
+      (torch-gqc's ``num_training_steps``).
+    warmup_microbatches: microbatches of warmup (``num_warmup_steps``).
     initial_threshold: threshold at the end of the warmup.
-    final_threshold: threshold at ``total_steps``.
+    final_threshold: threshold at ``total_microbatches``.
     warmup_multiplier: the threshold starts at this times ``initial_threshold``.
     max_draws: the most microbatches accumulated before a step is forced.
     optimizer: a factory of the inner optimizer taking ``learning_rate`` (and
@@ -365,6 +372,9 @@ def gnts_with_cosine_schedule(
       averaged (e.g. ``jnp.sqrt``); None, torch-gqc's behaviour, by default.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
+    total_steps: the former name of ``total_microbatches``, still accepted;
+      pass one or the other.
+    warmup_steps: the former name of ``warmup_microbatches``, still accepted.
     **optimizer_kwargs: further arguments of ``optimizer``.
 
   The hyperparameters of ``optimizer`` are kept in float32 whatever the
@@ -379,20 +389,40 @@ def gnts_with_cosine_schedule(
   Example:
     >>> import optax_gqc
     >>> tx = optax_gqc.gnts_with_cosine_schedule(
-    ...     3e-3, total_steps=10_000, warmup_steps=500)
+    ...     3e-3, total_microbatches=10_000, warmup_microbatches=500)
   """
-  return gates.norm_below(
-      cosine_with_inverse_warmup(
-          initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
-      )
+  total, warmup = _run_length(
+      total_microbatches,
+      warmup_microbatches,
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_threshold=initial_threshold,
+      final_threshold=final_threshold,
+      warmup_multiplier=warmup_multiplier,
+  )
+  hyperparams = _constant_lr(learning_rate, weight_decay, warmup, total)
+  threshold = cosine_with_inverse_warmup(
+      initial_threshold, final_threshold, warmup, total, warmup_multiplier
+  )
+  return _accumulating_recipe(
+      optimizer,
+      gates.norm_below(threshold),
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )
 
 
-@_recipe(conventional_lr=True)
 def gnts_with_cosine_schedule_conventional_lr(
     learning_rate: float,
-    total_steps: int,
-    warmup_steps: int,
+    total_microbatches: int | None = None,
+    warmup_microbatches: int | None = None,
     initial_threshold: float = 0.95,
     final_threshold: float = 0.25,
     warmup_multiplier: float = 10.0,
@@ -404,6 +434,8 @@ def gnts_with_cosine_schedule_conventional_lr(
     skip_nonfinite: bool = True,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
+    total_steps: int | None = None,
+    warmup_steps: int | None = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """GNTS with a warmup-cosine learning rate and an annealed threshold.
@@ -414,23 +446,45 @@ def gnts_with_cosine_schedule_conventional_lr(
   (in ``optimizer_kwargs``) is not scheduled. Arguments as in
   :func:`gnts_with_cosine_schedule`.
   """
-  return gates.norm_below(
-      cosine_with_inverse_warmup(
-          initial_threshold, final_threshold, warmup_steps, total_steps, warmup_multiplier
-      )
+  total, warmup = _run_length(
+      total_microbatches,
+      warmup_microbatches,
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_threshold=initial_threshold,
+      final_threshold=final_threshold,
+      warmup_multiplier=warmup_multiplier,
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup, total)
+  threshold = cosine_with_inverse_warmup(
+      initial_threshold, final_threshold, warmup, total, warmup_multiplier
+  )
+  return _accumulating_recipe(
+      optimizer,
+      gates.norm_below(threshold),
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )
 
 
-@_recipe(conventional_lr=False, gnr=True)
 def gnr_with_cosine_schedule(
     learning_rate: float,
     initial_norm: float,
     final_norm: float,
-    total_steps: int,
-    warmup_steps: int,
+    total_microbatches: int | None = None,
+    warmup_microbatches: int | None = None,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     weight_decay: float | None = 0.01,
+    total_steps: int | None = None,
+    warmup_steps: int | None = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """GNR with a constant learning rate and an annealed target norm.
@@ -445,29 +499,45 @@ def gnr_with_cosine_schedule(
   Args:
     learning_rate: the inner optimizer's learning rate after warmup.
     initial_norm: target gradient norm at the end of the warmup.
-    final_norm: target gradient norm at ``total_steps``.
-    total_steps: microbatches in the run.
-    warmup_steps: microbatches of warmup.
+    final_norm: target gradient norm at ``total_microbatches``.
+    total_microbatches: microbatches in the run, calls of ``update``
+      (torch-gqc's ``num_training_steps``).
+    warmup_microbatches: microbatches of warmup (``num_warmup_steps``).
     optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
     weight_decay: the inner weight decay after warmup; None for an optimizer
       without one.
+    total_steps: the former name of ``total_microbatches``, still accepted;
+      pass one or the other.
+    warmup_steps: the former name of ``warmup_microbatches``, still accepted.
     **optimizer_kwargs: further arguments of ``optimizer``.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  return cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
+  total, warmup = _run_length(
+      total_microbatches,
+      warmup_microbatches,
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_norm=initial_norm,
+      final_norm=final_norm,
+  )
+  hyperparams = _constant_lr(learning_rate, weight_decay, warmup, total)
+  target = cosine_with_warmup(initial_norm, final_norm, warmup, total)
+  return _rescaling_recipe(optimizer, target, hyperparams, optimizer_kwargs)
 
 
-@_recipe(conventional_lr=True, gnr=True)
 def gnr_with_cosine_schedule_conventional_lr(
     learning_rate: float,
     initial_norm: float,
     final_norm: float,
-    total_steps: int,
-    warmup_steps: int,
+    total_microbatches: int | None = None,
+    warmup_microbatches: int | None = None,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    total_steps: int | None = None,
+    warmup_steps: int | None = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """GNR with a warmup-cosine learning rate and an annealed target norm.
@@ -477,17 +547,27 @@ def gnr_with_cosine_schedule_conventional_lr(
   norm follows :func:`gnr_with_cosine_schedule`; the weight decay is not
   scheduled. Arguments as in :func:`gnr_with_cosine_schedule`.
   """
-  return cosine_with_warmup(initial_norm, final_norm, warmup_steps, total_steps)
+  total, warmup = _run_length(
+      total_microbatches,
+      warmup_microbatches,
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_norm=initial_norm,
+      final_norm=final_norm,
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup, total)
+  target = cosine_with_warmup(initial_norm, final_norm, warmup, total)
+  return _rescaling_recipe(optimizer, target, hyperparams, optimizer_kwargs)
 
 
-@_recipe(conventional_lr=False)
 def sbc_with_polynomial_schedule(
     learning_rate: float,
     microbatch_size: int,
     initial_batch_size: float,
     final_batch_size: float,
-    total_steps: int,
-    warmup_steps: int,
+    total_microbatches: int | None = None,
+    warmup_microbatches: int | None = None,
     power: float = 2.0,
     max_draws: int | None = 64,
     *,
@@ -497,6 +577,8 @@ def sbc_with_polynomial_schedule(
     skip_nonfinite: bool = True,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
+    total_steps: int | None = None,
+    warmup_steps: int | None = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """SBC with a polynomially growing logical batch and a constant learning rate.
@@ -514,9 +596,10 @@ def sbc_with_polynomial_schedule(
     microbatch_size: examples per microbatch (``physical_batch_size``); the
       noise scale is reported in examples.
     initial_batch_size: logical batch size at the end of the warmup.
-    final_batch_size: logical batch size at ``total_steps``.
-    total_steps: microbatches in the run.
-    warmup_steps: microbatches of warmup.
+    final_batch_size: logical batch size at ``total_microbatches``.
+    total_microbatches: microbatches in the run, calls of ``update``
+      (torch-gqc's ``num_training_steps``).
+    warmup_microbatches: microbatches of warmup (``num_warmup_steps``).
     power: exponent of the polynomial (``polynomial_power``).
     max_draws: the most microbatches accumulated before a step is forced
       (torch-gqc's default, 64; None for no limit). Steps that it forces
@@ -531,27 +614,47 @@ def sbc_with_polynomial_schedule(
       averaged (e.g. ``jnp.sqrt``); None, torch-gqc's behaviour, by default.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
+    total_steps: the former name of ``total_microbatches``, still accepted;
+      pass one or the other.
+    warmup_steps: the former name of ``warmup_microbatches``, still accepted.
     **optimizer_kwargs: further arguments of ``optimizer``.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs` called once per microbatch.
   """
-  return gates.batch_size_at_least(
-      polynomial_with_warmup(
-          initial_batch_size, final_batch_size, warmup_steps, total_steps, power
-      ),
-      microbatch_size,
+  total, warmup = _run_length(
+      total_microbatches,
+      warmup_microbatches,
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_batch_size=initial_batch_size,
+      final_batch_size=final_batch_size,
+      power=power,
+  )
+  hyperparams = _constant_lr(learning_rate, weight_decay, warmup, total)
+  batch_size = polynomial_with_warmup(initial_batch_size, final_batch_size, warmup, total, power)
+  return _accumulating_recipe(
+      optimizer,
+      gates.batch_size_at_least(batch_size, microbatch_size),
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )
 
 
-@_recipe(conventional_lr=True)
 def sbc_with_polynomial_schedule_conventional_lr(
     learning_rate: float,
     microbatch_size: int,
     initial_batch_size: float,
     final_batch_size: float,
-    total_steps: int,
-    warmup_steps: int,
+    total_microbatches: int | None = None,
+    warmup_microbatches: int | None = None,
     power: float = 2.0,
     max_draws: int | None = 64,
     *,
@@ -560,6 +663,8 @@ def sbc_with_polynomial_schedule_conventional_lr(
     skip_nonfinite: bool = True,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
+    total_steps: int | None = None,
+    warmup_steps: int | None = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """SBC with a polynomially growing logical batch and a warmup-cosine learning rate.
@@ -569,21 +674,38 @@ def sbc_with_polynomial_schedule_conventional_lr(
   logical batch follows :func:`sbc_with_polynomial_schedule`; the weight decay
   is not scheduled. Arguments as in :func:`sbc_with_polynomial_schedule`.
   """
-  return gates.batch_size_at_least(
-      polynomial_with_warmup(
-          initial_batch_size, final_batch_size, warmup_steps, total_steps, power
-      ),
-      microbatch_size,
+  total, warmup = _run_length(
+      total_microbatches,
+      warmup_microbatches,
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_batch_size=initial_batch_size,
+      final_batch_size=final_batch_size,
+      power=power,
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup, total)
+  batch_size = polynomial_with_warmup(initial_batch_size, final_batch_size, warmup, total, power)
+  return _accumulating_recipe(
+      optimizer,
+      gates.batch_size_at_least(batch_size, microbatch_size),
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )
 
 
-@_recipe(conventional_lr=True)
 def gns_with_cosine_schedule(
     learning_rate: float,
     initial_tolerance: float,
     final_tolerance: float,
-    total_steps: int,
-    warmup_steps: int,
+    total_microbatches: int | None = None,
+    warmup_microbatches: int | None = None,
     warmup_multiplier: float = 10.0,
     max_draws: int | None = 64,
     *,
@@ -593,6 +715,8 @@ def gns_with_cosine_schedule(
     skip_nonfinite: bool = True,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
+    total_steps: int | None = None,
+    warmup_steps: int | None = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """GNS with a warmup-cosine learning rate and an annealed tolerance.
@@ -606,9 +730,10 @@ def gns_with_cosine_schedule(
   Args:
     learning_rate: the inner optimizer's peak learning rate.
     initial_tolerance: tolerance at the end of the warmup.
-    final_tolerance: tolerance at ``total_steps``.
-    total_steps: microbatches in the run.
-    warmup_steps: microbatches of warmup.
+    final_tolerance: tolerance at ``total_microbatches``.
+    total_microbatches: microbatches in the run, calls of ``update``
+      (torch-gqc's ``num_training_steps``).
+    warmup_microbatches: microbatches of warmup (``num_warmup_steps``).
     warmup_multiplier: the tolerance starts at this times ``initial_tolerance``.
     max_draws: the most microbatches accumulated before a step is forced.
     optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
@@ -620,24 +745,47 @@ def gns_with_cosine_schedule(
       averaged (e.g. ``jnp.sqrt``); None, torch-gqc's behaviour, by default.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
+    total_steps: the former name of ``total_microbatches``, still accepted;
+      pass one or the other.
+    warmup_steps: the former name of ``warmup_microbatches``, still accepted.
     **optimizer_kwargs: further arguments of ``optimizer``.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  return gates.noise_ratio_below(
-      cosine_with_inverse_warmup(
-          initial_tolerance, final_tolerance, warmup_steps, total_steps, warmup_multiplier
-      )
+  total, warmup = _run_length(
+      total_microbatches,
+      warmup_microbatches,
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      initial_tolerance=initial_tolerance,
+      final_tolerance=final_tolerance,
+      warmup_multiplier=warmup_multiplier,
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup, total)
+  tolerance = cosine_with_inverse_warmup(
+      initial_tolerance, final_tolerance, warmup, total, warmup_multiplier
+  )
+  return _accumulating_recipe(
+      optimizer,
+      gates.noise_ratio_below(tolerance),
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )
 
 
-@_recipe(conventional_lr=True)
 def gns_default(
     learning_rate: float,
     tolerance: float,
-    total_steps: int,
-    warmup_steps: int,
+    total_microbatches: int | None = None,
+    warmup_microbatches: int | None = None,
     max_draws: int | None = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
@@ -646,6 +794,8 @@ def gns_default(
     skip_nonfinite: bool = True,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
+    total_steps: int | None = None,
+    warmup_steps: int | None = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """GNS with a warmup-cosine learning rate and a constant tolerance after an inverse warmup.
@@ -656,16 +806,35 @@ def gns_default(
   factory keeps) to ``tolerance`` over the warmup, then stays. Arguments as in
   :func:`gns_with_cosine_schedule`.
   """
-  return gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup_steps))
+  total, warmup = _run_length(
+      total_microbatches,
+      warmup_microbatches,
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      tolerance=tolerance,
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup, total)
+  return _accumulating_recipe(
+      optimizer,
+      gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup)),
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
+  )
 
 
-@_recipe(conventional_lr=True)
 def mht_with_warmup_schedule(
     learning_rate: float,
     confidence: float,
     percent_error: float,
-    total_steps: int,
-    warmup_steps: int,
+    total_microbatches: int | None = None,
+    warmup_microbatches: int | None = None,
     max_draws: int | None = 64,
     *,
     decay: float = 0.99,
@@ -675,6 +844,8 @@ def mht_with_warmup_schedule(
     skip_nonfinite: bool = True,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
+    total_steps: int | None = None,
+    warmup_steps: int | None = None,
     **optimizer_kwargs: Any,
 ) -> optax.GradientTransformationExtraArgs:
   """MHT with a warmup-cosine learning rate and warmed-up test parameters.
@@ -689,8 +860,9 @@ def mht_with_warmup_schedule(
     learning_rate: the inner optimizer's peak learning rate.
     confidence: the interval's confidence after the warmup.
     percent_error: its allowed relative half-width after the warmup.
-    total_steps: microbatches in the run.
-    warmup_steps: microbatches of warmup.
+    total_microbatches: microbatches in the run, calls of ``update``
+      (torch-gqc's ``num_training_steps``).
+    warmup_microbatches: microbatches of warmup (``num_warmup_steps``).
     max_draws: the most microbatches accumulated before a step is forced.
     decay: the loss EMA's decay (torch-gqc's ``update_beta`` is ``1 - decay``).
     optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
@@ -702,14 +874,40 @@ def mht_with_warmup_schedule(
       averaged (e.g. ``jnp.sqrt``); None, torch-gqc's behaviour, by default.
     axis_name: inside ``jax.shard_map``, the mapped axis (or axes) over which
       the parameters are sharded; see :func:`optax_gqc.accumulate`.
+    total_steps: the former name of ``total_microbatches``, still accepted;
+      pass one or the other.
+    warmup_steps: the former name of ``warmup_microbatches``, still accepted.
     **optimizer_kwargs: further arguments of ``optimizer``.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  _checks.check_unit_interval('confidence', confidence)  # _recipe checked it is a number >= 0
-  return gates.loss_interval(
-      cosine_with_warmup(confidence, confidence, warmup_steps, total_steps),
-      cosine_with_warmup(percent_error, percent_error, warmup_steps, total_steps),
+  total, warmup = _run_length(
+      total_microbatches,
+      warmup_microbatches,
+      total_steps,
+      warmup_steps,
+      learning_rate=learning_rate,
+      confidence=confidence,
+      percent_error=percent_error,
       decay=decay,
+  )
+  hyperparams = _conventional_lr(learning_rate, warmup, total)
+  _checks.check_unit_interval('confidence', confidence)
+  gate = gates.loss_interval(
+      cosine_with_warmup(confidence, confidence, warmup, total),
+      cosine_with_warmup(percent_error, percent_error, warmup, total),
+      decay=decay,
+  )
+  return _accumulating_recipe(
+      optimizer,
+      gate,
+      hyperparams,
+      optimizer_kwargs,
+      max_draws=max_draws,
+      microbatch_size=microbatch_size,
+      accumulator_dtype=accumulator_dtype,
+      skip_nonfinite=skip_nonfinite,
+      scale_by_draws=scale_by_draws,
+      axis_name=axis_name,
   )

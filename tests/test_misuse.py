@@ -367,11 +367,23 @@ AT_CONSTRUCTION = {
         'confidence',
         r'\[0, 1\)',
     ),
-    'recipe fractional total_steps': (
+    'recipe fractional total_microbatches': (
         lambda: optax_gqc.gns_default(1e-3, 0.1, 100.5, 10),
+        ValueError,
+        'total_microbatches',
+        r'an int >= 0',
+    ),
+    'recipe fractional total_steps': (
+        lambda: optax_gqc.gns_default(1e-3, 0.1, total_steps=100.5, warmup_steps=10),
         ValueError,
         'total_steps',
         r'an int >= 0',
+    ),
+    'recipe run length given twice': (
+        lambda: optax_gqc.gns_default(1e-3, 0.1, 100, 10, total_steps=100),
+        TypeError,
+        'total_microbatches and total_steps',
+        r'pass one of them',
     ),
     'scheduled_accumulation constant': (
         lambda: optax_gqc.scheduled_accumulation(

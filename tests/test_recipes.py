@@ -30,8 +30,8 @@ def test_gnts_recipe_uses_lr_and_threshold_of_the_microbatch():
   lr = 0.3
   tx = optax_gqc.gnts_with_cosine_schedule(
       lr,
-      total_steps=40,
-      warmup_steps=8,
+      total_microbatches=40,
+      warmup_microbatches=8,
       initial_threshold=1e3,
       final_threshold=1e3,
       optimizer=optax.sgd,
@@ -53,7 +53,7 @@ def test_gnts_recipe_schedules_lr_and_weight_decay_per_microbatch(conventional):
   lr, wd = 1e-2, 0.1
   if conventional:
     tx = optax_gqc.gnts_with_cosine_schedule_conventional_lr(
-        lr, total_steps=30, warmup_steps=5, weight_decay=wd
+        lr, total_microbatches=30, warmup_microbatches=5, weight_decay=wd
     )
     lr_at = schedules.cosine_with_warmup(lr, 0.0, 5, 30)
     wd_at = lambda t: wd  # noqa: E731
@@ -80,8 +80,8 @@ def test_sbc_recipe_grows_the_logical_batch(conventional):
       microbatch_size=4,
       initial_batch_size=8,
       final_batch_size=32,
-      total_steps=60,
-      warmup_steps=6,
+      total_microbatches=60,
+      warmup_microbatches=6,
       power=2.0,
   )
   batch_at = schedules.polynomial_with_warmup(8.0, 32.0, 6, 60, 2.0)
@@ -102,7 +102,12 @@ def test_gnr_recipe_rescales_and_schedules(conventional):
   lr = 0.5
   if conventional:
     tx = optax_gqc.gnr_with_cosine_schedule_conventional_lr(
-        lr, initial_norm=2.0, final_norm=1.0, total_steps=20, warmup_steps=4, optimizer=optax.sgd
+        lr,
+        initial_norm=2.0,
+        final_norm=1.0,
+        total_microbatches=20,
+        warmup_microbatches=4,
+        optimizer=optax.sgd,
     )
     lr_at = schedules.cosine_with_warmup(lr, 0.0, 4, 20)
   else:
@@ -110,8 +115,8 @@ def test_gnr_recipe_rescales_and_schedules(conventional):
         lr,
         initial_norm=2.0,
         final_norm=1.0,
-        total_steps=20,
-        warmup_steps=4,
+        total_microbatches=20,
+        warmup_microbatches=4,
         optimizer=optax.sgd,
         weight_decay=None,
     )
@@ -127,6 +132,98 @@ def test_recipes_reject_scheduled_base_values():
     optax_gqc.gnts_with_cosine_schedule(lambda t: 0.1, 100, 10)
   with pytest.raises(ValueError, match='weight_decay'):
     optax_gqc.gnts_with_cosine_schedule(0.1, 100, 10, weight_decay=-1.0)
+
+
+# Every recipe: its arguments before the run's counts, and after them.
+RECIPES = {
+    'gnts': (optax_gqc.gnts_with_cosine_schedule, (1e-2,), {'max_draws': 3}),
+    'gnts_conventional_lr': (
+        optax_gqc.gnts_with_cosine_schedule_conventional_lr,
+        (1e-2,),
+        {'max_draws': 3},
+    ),
+    'gnr': (optax_gqc.gnr_with_cosine_schedule, (1e-2, 2.0, 1.0), {}),
+    'gnr_conventional_lr': (
+        optax_gqc.gnr_with_cosine_schedule_conventional_lr,
+        (1e-2, 2.0, 1.0),
+        {},
+    ),
+    'sbc': (optax_gqc.sbc_with_polynomial_schedule, (1e-2, 4, 8, 16), {}),
+    'sbc_conventional_lr': (
+        optax_gqc.sbc_with_polynomial_schedule_conventional_lr,
+        (1e-2, 4, 8, 16),
+        {},
+    ),
+    'gns': (optax_gqc.gns_with_cosine_schedule, (1e-2, 0.1, 0.05), {'microbatch_size': 4}),
+    'gns_default': (optax_gqc.gns_default, (1e-2, 0.1), {'microbatch_size': 4}),
+    'mht': (optax_gqc.mht_with_warmup_schedule, (1e-2, 0.9, 0.1), {'max_draws': 3}),
+}
+
+
+def _params_after(tx, grads):
+  params = {'w': jnp.linspace(-1.0, 1.0, 6)}
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  out = []
+  for g in grads:
+    updates, state = update(g, state, params, value=jnp.sum(g['w'] ** 2))
+    params = optax.apply_updates(params, updates)
+    out.append(params['w'])
+  return np.stack(out)
+
+
+@pytest.mark.parametrize('name', sorted(RECIPES))
+def test_the_former_names_of_the_counts_build_the_same_recipe(name):
+  make, args, kwargs = RECIPES[name]
+  by_position = make(*args, 20, 4, **kwargs)
+  by_name = make(*args, total_microbatches=20, warmup_microbatches=4, **kwargs)
+  by_alias = make(*args, total_steps=20, warmup_steps=4, **kwargs)
+  mixed = make(*args, 20, warmup_steps=4, **kwargs)
+  grads = [{'w': g['w'] + 0.3} for g in sgd_grads(24, seed=5)]
+  want = _params_after(by_position, grads)
+  params = {'w': jnp.zeros(6)}
+  jaxpr = str(
+      jax.make_jaxpr(by_position.update)(params, by_position.init(params), params, value=1.0)
+  )
+  for tx in (by_name, by_alias, mixed):
+    np.testing.assert_array_equal(_params_after(tx, grads), want)
+    assert str(jax.make_jaxpr(tx.update)(params, tx.init(params), params, value=1.0)) == jaxpr
+  # The schedules end at the count however it was passed: a shorter run anneals sooner.
+  assert not np.array_equal(
+      _params_after(make(*args, total_steps=10, warmup_steps=4, **kwargs), grads), want
+  )
+
+
+@pytest.mark.parametrize('name', sorted(RECIPES))
+def test_a_count_passed_under_both_names_raises(name):
+  make, args, kwargs = RECIPES[name]
+  with pytest.raises(TypeError, match='total_microbatches and total_steps are one argument'):
+    make(*args, 20, 4, total_steps=20, **kwargs)
+  with pytest.raises(TypeError, match='warmup_microbatches and warmup_steps are one argument'):
+    make(*args, total_microbatches=20, warmup_microbatches=4, warmup_steps=4, **kwargs)
+
+
+@pytest.mark.parametrize('name', sorted(RECIPES))
+def test_a_missing_count_is_named_with_its_alias(name):
+  make, args, kwargs = RECIPES[name]
+  with pytest.raises(TypeError, match=r'missing the argument total_microbatches .*total_steps'):
+    make(*args, warmup_microbatches=4, **kwargs)
+  with pytest.raises(TypeError, match=r'missing the argument warmup_microbatches .*warmup_steps'):
+    make(*args, total_steps=20, **kwargs)
+
+
+def test_a_bad_count_is_named_as_it_was_passed():
+  make = optax_gqc.gnts_with_cosine_schedule
+  with pytest.raises(ValueError, match='^total_microbatches must be an int >= 0, got 2.5'):
+    make(1e-2, 2.5, 1)
+  with pytest.raises(ValueError, match='^total_steps must be an int >= 0, got 2.5'):
+    make(1e-2, total_steps=2.5, warmup_steps=1)
+  with pytest.raises(ValueError, match='^warmup_microbatches must be an int >= 0, got -1'):
+    make(1e-2, 10, -1)
+  with pytest.raises(ValueError, match='Pass warmup_microbatches <= total_microbatches$'):
+    make(1e-2, 10, 11)
+  with pytest.raises(ValueError, match='Pass warmup_steps <= total_microbatches$'):
+    make(1e-2, 10, warmup_steps=11)
 
 
 def test_scheduled_accumulation_follows_microbatches_not_steps():
