@@ -80,7 +80,7 @@ def main(
       print(
           f'microbatch {i + 1:5d}  loss {float(loss):.3f}  '
           f'steps {int(stats["num_steps"]):4d}  draws at the last {int(stats["last_num_draws"])}  '
-          f'threshold {float(stats["threshold_ratio"]):.2f} x |g_i|'
+          f'threshold {float(stats["ratio"]):.2f} x |g_i|'
       )
       warn_if_stalled(stats)
   final_loss, final_accuracy = accuracy(model, test_x, test_y)

@@ -39,7 +39,7 @@ from optax_gqc._sgd_sai import ScaleByGsnrState, SgdSaiMomentumState, scale_by_g
 from optax_gqc._statistics import statistics
 from optax_gqc.gates import DrawStats, Gate
 
-__version__ = '0.2.0'
+__version__ = '0.3.0'
 
 __all__ = [
     'AccumulateState',

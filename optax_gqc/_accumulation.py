@@ -24,7 +24,7 @@ class AccumulateState(NamedTuple):
   """State of :func:`accumulate`. Every field has its final shape from ``init``."""
 
   num_draws: jax.Array  # int32: microbatches accumulated since the last step.
-  num_batches: jax.Array  # int32: microbatches accepted over the whole run.
+  num_microbatches: jax.Array  # int32: microbatches accepted over the whole run.
   num_steps: jax.Array  # int32: inner optimizer steps taken.
   num_skipped: jax.Array  # int32: microbatches rejected for a non-finite norm.
   num_forced: jax.Array  # int32: steps forced by max_draws with the gate closed.
@@ -69,7 +69,7 @@ class AccumulationTransformation(optax.GradientTransformationExtraArgs):
 _PASS_OWN_STATE = 'pass the state that tx.init(params) returned, then the one each update returns'
 
 
-def _check_state(state: Any, gate: Gate | None = None, inner: Any = None) -> None:
+def check_state(state: Any, gate: Gate | None = None, inner: Any = None) -> None:
   """Raises at trace time unless ``state`` is the state of this accumulation.
 
   With ``gate`` and ``inner``, the state's gate state must have the structure
@@ -288,7 +288,7 @@ def accumulate(
 
     return AccumulateState(
         num_draws=zero_i(),
-        num_batches=zero_i(),
+        num_microbatches=zero_i(),
         num_steps=zero_i(),
         num_skipped=zero_i(),
         num_forced=zero_i(),
@@ -311,7 +311,7 @@ def accumulate(
 
   def step_fn(updates, state, params, extra_args, apply):
     """One microbatch; with ``apply``, returns new params in place of updates."""
-    _check_state(state, gate, inner)
+    check_state(state, gate, inner)
     _checks.check_like_params(updates, state.accumulator)
     grad_sq = sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
@@ -373,7 +373,7 @@ def _draw_stats(state: AccumulateState, grad_sq: jax.Array, acc_sq: jax.Array) -
   keep = jnp.where(state.num_draws == 0, 0.0, 1.0)  # the sums restart after a step
   return DrawStats(
       num_draws=n,
-      num_batches=state.num_batches,
+      num_microbatches=state.num_microbatches,
       grad_norm=grad_norm,
       acc_norm=jnp.sqrt(acc_sq) / n,
       sum_sq_norms=keep * state.sum_sq_norms + grad_sq,
@@ -435,7 +435,9 @@ def _count(state, stats, ok, stepped, forced, max_draws, noise_decay) -> Accumul
   zero_f = jnp.zeros([], jnp.float32)
   return state._replace(
       num_draws=pick(0, n, state.num_draws),
-      num_batches=pick(state.num_batches + 1, state.num_batches + 1, state.num_batches),
+      num_microbatches=pick(
+          state.num_microbatches + 1, state.num_microbatches + 1, state.num_microbatches
+      ),
       num_steps=state.num_steps + stepped,
       num_skipped=state.num_skipped + ~ok,
       num_forced=state.num_forced + forced,

@@ -16,7 +16,7 @@ from optax_gqc._numerics import varying_axes
 _INT32_MAX = 2**31 - 1
 
 
-def _concrete_float(name: str, value: Any) -> float | None:
+def concrete_float(name: str, value: Any) -> float | None:
   """`value` as a float, or None when it is traced (inside `inject_hyperparams`)."""
   if isinstance(value, jax.core.Tracer):
     return None
@@ -68,7 +68,7 @@ def check_scalar_or_schedule(name: str, value: Any, *, positive: bool = False) -
   if callable(value):
     check_schedule(name, value)
     return
-  v = _concrete_float(name, value)
+  v = concrete_float(name, value)
   if v is None:
     return
   if math.isnan(v) or v < 0 or (positive and v == 0):
@@ -78,7 +78,7 @@ def check_scalar_or_schedule(name: str, value: Any, *, positive: bool = False) -
 
 def check_unit_interval(name: str, value: Any) -> None:
   """Raises unless a constant ``value`` lies in [0, 1); traced values pass."""
-  v = _concrete_float(name, value)
+  v = concrete_float(name, value)
   if v is not None and not 0.0 <= v < 1.0:
     raise ValueError(f'{name} must be in [0, 1), got {v}')
 
@@ -160,7 +160,7 @@ def check_draws_reach_batch(
   """
   if max_draws is None or callable(logical_batch_size):
     return
-  size = _concrete_float(name, logical_batch_size)
+  size = concrete_float(name, logical_batch_size)
   if size is None or math.isinf(size):
     return
   if isinstance(max_draws, jax.core.Tracer) or isinstance(microbatch_size, jax.core.Tracer):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks, gates
-from optax_gqc._accumulation import AccumulationTransformation, _check_state, accumulate
+from optax_gqc._accumulation import AccumulationTransformation, accumulate, check_state
 from optax_gqc._scale_to_norm import scale_to_norm
 from optax_gqc.schedules import (
     constant_with_inverse_warmup,
@@ -77,12 +77,12 @@ def schedule_by_microbatch(
   To step at the learning rate of the tokens seen instead, build the inner
   optimizer with ``optax.inject_hyperparams`` and wrap the accumulation:
   before every update, ``schedules[name](t)`` is written into the inner
-  state's hyperparameter ``name``, with ``t`` the engine's ``num_batches``
+  state's hyperparameter ``name``, with ``t`` the engine's ``num_microbatches``
   (the microbatches accepted before this one). Only scalars change, outside
   the engine's ``lax.cond``: it costs nothing per parameter. The same as
   setting them by hand before each update,
   ``state = optax.tree.set(state, learning_rate=schedule(optax.tree.get(state,
-  'num_batches')))``.
+  'num_microbatches')))``.
 
   Args:
     tx: an accumulation (:func:`optax_gqc.gnts`, :func:`optax_gqc.sbc`,
@@ -113,7 +113,7 @@ def schedule_by_microbatch(
     _checks.check_schedule(name, schedule)
 
   def scheduled(state):
-    _check_state(state)
+    check_state(state)
     values = {}
     for name, schedule in schedules.items():
       found = optax.tree.get_all_with_path(state.inner_state, name)
@@ -126,7 +126,7 @@ def schedule_by_microbatch(
             f'{name!r}: build it with optax.inject_hyperparams, e.g. '
             f'optax.inject_hyperparams(optax.adamw)({name}=...)'
         )
-      values[name] = jnp.asarray(schedule(state.num_batches), found[0][1].dtype)
+      values[name] = jnp.asarray(schedule(state.num_microbatches), found[0][1].dtype)
     return state._replace(inner_state=optax.tree.set(state.inner_state, **values))
 
   def update_fn(updates, state, params=None, **extra_args):

@@ -75,7 +75,7 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
 def report(s: ScaleToNormState) -> dict[str, jax.Array]:
   """What ``statistics`` logs; it steps on every microbatch: as many microbatches as steps."""
   return {
-      'num_batches': s.count,
+      'num_microbatches': s.count,
       'num_steps': s.count,
       'target': s.target,
       'grad_norm': s.grad_norm,

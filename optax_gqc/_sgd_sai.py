@@ -39,7 +39,7 @@ class SgdSaiMomentumState(NamedTuple):
 
 def _check_eps(eps: Any) -> None:
   """Raises unless a constant ``eps`` is > 0; traced values pass."""
-  v = _checks._concrete_float('eps', eps)
+  v = _checks.concrete_float('eps', eps)
   if v is not None and not v > 0.0:
     raise ValueError(f'eps must be > 0, got {v}')
 
@@ -326,4 +326,4 @@ def gsnr_report(s: ScaleByGsnrState) -> dict[str, jax.Array]:
 
 def momentum_report(s: SgdSaiMomentumState) -> dict[str, jax.Array]:
   """What ``statistics`` logs of SGD-SaI's momentum: its count of steps."""
-  return {'num_batches': s.count, 'num_steps': s.count}
+  return {'num_microbatches': s.count, 'num_steps': s.count}

@@ -38,7 +38,7 @@ def _accumulation_report(s: AccumulateState) -> dict[str, jax.Array]:
       name: getattr(s, name)
       for name in (
           'num_draws',
-          'num_batches',
+          'num_microbatches',
           'num_steps',
           'num_skipped',
           'num_forced',
@@ -134,7 +134,9 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   another. Works under ``jax.jit``.
 
   An accumulation (:func:`accumulate`, and every optimizer and recipe built on
-  it) reports ``num_draws``, ``num_batches``, ``num_steps``,
+  it) reports ``num_draws`` (microbatches since the last step),
+  ``num_microbatches`` (accepted over the run; also under torch-gqc's name
+  ``num_batches``), ``num_steps`` (of the inner optimizer),
   ``num_skipped``, ``num_forced``, ``num_bad_hyperparams``,
   ``last_num_draws``, ``last_grad_norm``,
   ``acc_norm`` (the norm of the current mean gradient), ``microbatch_size``
@@ -149,14 +151,14 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   gate entry whose name is taken gets a suffix ``_1``, ``_2``, ...
 
   :func:`scale_to_norm` (and so :func:`gnr` and its recipes) reports
-  ``num_batches`` and ``num_steps`` (equal: it steps on every microbatch),
+  ``num_microbatches`` and ``num_steps`` (equal: it steps on every microbatch),
   ``target`` (the target norm at the latest update) and
   ``grad_norm`` (the gradient's norm before rescaling). :func:`noise_scale`
   reports ``noise_scale``, ``grad_sq_norm_est`` and ``trace_cov_est``.
   :func:`scale_by_gsnr` (and so :func:`sgd_sai`) reports ``gsnr_min`` and
   ``gsnr_max`` over the leaves that have their g-SNR (NaN while none has),
   ``num_pending_gsnr``, the leaves still waiting for a non-zero gradient,
-  and, in :func:`sgd_sai`, ``num_batches`` and ``num_steps``; the per-leaf
+  and, in :func:`sgd_sai`, ``num_microbatches`` and ``num_steps``; the per-leaf
   factors are in ``optax.tree.get(state, 'gsnr')``.
 
   Any other Optax state reports what Optax counts, so that a run of a plain
@@ -197,4 +199,6 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   for s in found:
     for name, value in _report_of(s)(s).items():
       out.setdefault(name, value)
+  if 'num_microbatches' in out:  # torch-gqc's name, where its users log it
+    out['num_batches'] = out['num_microbatches']
   return out

@@ -47,7 +47,7 @@ class DrawStats(NamedTuple):
   """
 
   num_draws: jax.Array  # int32: microbatches in the current accumulation (n >= 1).
-  num_batches: jax.Array  # int32: microbatches accepted before this one (t).
+  num_microbatches: jax.Array  # int32: microbatches accepted before this one (t).
   grad_norm: jax.Array  # float32: ||g_i|| of the latest microbatch.
   acc_norm: jax.Array  # float32: ||gbar||, the norm of the mean gradient.
   sum_sq_norms: jax.Array  # float32: sum_i ||g_i||^2 over the accumulation.
@@ -55,6 +55,11 @@ class DrawStats(NamedTuple):
   # float32: the engine's noise scale B_simple in microbatches, estimated at
   # the steps before this accumulation (NaN until one has averaged 2 draws).
   noise_scale: jax.Array
+
+  @property
+  def num_batches(self) -> jax.Array:
+    """``num_microbatches``, under its name in torch-gqc and before 0.3.0."""
+    return self.num_microbatches
 
 
 class Gate(NamedTuple):
@@ -131,7 +136,7 @@ def _scheduled_gate(name: str, hyperparam: optax.ScalarOrSchedule, rule) -> Gate
 
   def update(stats, gate_state, **extra_args):
     del extra_args
-    value = _value_at(name, hyperparam, stats.num_batches)
+    value = _value_at(name, hyperparam, stats.num_microbatches)
     bad = _outside(value)
     return ~bad & rule(stats, value), {
         name: value,
@@ -180,8 +185,9 @@ def norm_below(
 
   Returns:
     A :class:`Gate`. Its state reports ``threshold``; with ``relative`` also
-    ``threshold_ratio`` (the scheduled ratio) and ``grad_norm_ema`` (the unit),
-    and ``threshold`` is their product, the absolute norm.
+    ``ratio`` (the scheduled ratio, as ``gnts(inner, ratio=...)`` names it)
+    and ``grad_norm_ema`` (the unit), and ``threshold`` is their product, the
+    absolute norm.
 
   Example:
     >>> import optax, optax_gqc
@@ -197,7 +203,7 @@ def norm_below(
     zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
     return {
         'threshold': jnp.full([], jnp.nan, jnp.float32),
-        'threshold_ratio': _value_at('threshold', threshold, t0),
+        'ratio': _value_at('threshold', threshold, t0),
         'grad_norm_ema': jnp.full([], jnp.nan, jnp.float32),  # NaN: no norm seen yet
         'num_bad_hyperparams': _no_bad(),
         '_norm_ema': zero(),  # the raw EMA, from 0
@@ -212,14 +218,14 @@ def norm_below(
     raw = decay * gate_state['_norm_ema'] + (1.0 - decay) * stats.grad_norm
     weight = decay * gate_state['_norm_weight'] + (1.0 - decay)
     unit = raw / weight
-    ratio = _value_at('threshold', threshold, stats.num_batches)
+    ratio = _value_at('threshold', threshold, stats.num_microbatches)
     bad = _outside(ratio)
     limit = ratio * unit
     # While every norm seen is 0 the unit is 0, and 0 <= 0 would step on a
     # zero mean gradient: wait for a non-zero norm instead.
     return ~bad & (unit > 0) & (stats.acc_norm <= limit), {
         'threshold': limit,
-        'threshold_ratio': ratio,
+        'ratio': ratio,
         'grad_norm_ema': unit,
         'num_bad_hyperparams': _count_bad(gate_state, bad),
         '_norm_ema': raw,
@@ -370,7 +376,7 @@ def critical_batch(
 
   def update(stats, gate_state, **extra_args):
     del extra_args
-    f = _value_at('fraction', fraction, stats.num_batches)
+    f = _value_at('fraction', fraction, stats.num_microbatches)
     bad = _outside(f, strict=True)
     # An accumulation of two draws or more ended (a step, forced ones too) just
     # before this microbatch, if the count fell back to 1: the engine folded
@@ -449,7 +455,7 @@ def noise_ratio_below(tolerance: optax.ScalarOrSchedule) -> Gate:
     mean, m2 = _welford(gate_state['_norm_mean'], gate_state['_norm_m2'], stats.grad_norm, n)
     variance = m2 / jnp.maximum(n - 1, 1)
     mean_sq = jnp.square(mean) + m2 / n
-    tol = _value_at('tolerance', tolerance, stats.num_batches)
+    tol = _value_at('tolerance', tolerance, stats.num_microbatches)
     bad = _outside(tol)
     step = ~bad & (n >= 2) & (variance / (mean_sq + 1e-8) <= n * tol)
     return step, {
@@ -567,8 +573,8 @@ def loss_interval(
     mean = (n * mean_l + ema) / (n + 1)
     m2 = m2_l + n / (n + 1) * jnp.square(ema - mean_l)
     scale = jnp.sqrt(m2 / n) / jnp.sqrt(n + 1.0) + 1e-12
-    conf = _value_at('confidence', confidence, stats.num_batches)
-    error = _value_at('percent_error', percent_error, stats.num_batches)
+    conf = _value_at('confidence', confidence, stats.num_microbatches)
+    error = _value_at('percent_error', percent_error, stats.num_microbatches)
     bad = (_outside(conf, 0.0, 1.0), _outside(error))
     ratio = error * mean / scale
     tail = two_sided_tail(jnp.maximum(ratio, 0.0), jnp.maximum(n, 1))

@@ -128,7 +128,7 @@ def test_rejects_nonfinite_microbatch_and_keeps_everything():
   bad = jax.tree.map(lambda x: x.at[0].set(jnp.nan), g1)
   (_, s0, _), (u1, s1, _) = run(tx, [g0, bad], apply=False)
   chex.assert_trees_all_equal(u1, optax.tree.zeros_like(g1))
-  for field in ('num_draws', 'num_batches', 'num_steps', 'sum_sq_norms', 'acc_norm'):
+  for field in ('num_draws', 'num_microbatches', 'num_steps', 'sum_sq_norms', 'acc_norm'):
     assert getattr(s1, field) == getattr(s0, field), field
   chex.assert_trees_all_equal(s1.accumulator, s0.accumulator)
   assert int(s1.num_skipped) == 1
@@ -203,7 +203,7 @@ def test_donated_state_and_params():
   state = tx.init(params)
   for g in grad_stream(6):
     params, state = step(params, state, g)
-  assert int(state.num_batches) == 6
+  assert int(state.num_microbatches) == 6
 
 
 def test_bf16_params_with_float32_accumulator():
@@ -237,6 +237,7 @@ def test_inside_chain_and_statistics():
   stats = jax.jit(optax_gqc.statistics)(out[-1][1])
   assert set(stats) == {
       'num_draws',
+      'num_microbatches',
       'num_batches',
       'num_steps',
       'num_skipped',
@@ -251,7 +252,7 @@ def test_inside_chain_and_statistics():
       'grad_sq_norm_est',
       'trace_cov_est',
   }
-  assert int(stats['num_batches']) == 7
+  assert int(stats['num_microbatches']) == int(stats['num_batches']) == 7
   assert float(stats['threshold']) == pytest.approx(0.3)
   engine = out[-1][1][1]
   assert float(stats['acc_norm']) == float(engine.acc_norm)

@@ -288,3 +288,13 @@ def test_a_gate_that_counts_examples_carries_its_microbatch_size():
   assert combined.microbatch_size == 8
   with pytest.raises(ValueError, match=r'different microbatch sizes \[4, 8\]'):
     gates.all_of(gates.batch_size_at_least(64, 8), gates.critical_batch(0.5, 4))
+
+
+def test_a_gate_reads_the_microbatch_count_under_its_former_name_too():
+  seen = []
+  gate = gates.from_function(lambda s: seen.append((s.num_batches, s.num_microbatches)) or True)
+  tx = optax_gqc.accumulate(optax.sgd(0.1), gate)
+  state = tx.init({'w': jnp.zeros(2)})
+  for _ in range(2):
+    _, state = tx.update({'w': jnp.ones(2)}, state)
+  assert [(int(a), int(b)) for a, b in seen] == [(0, 0), (1, 1)]

@@ -50,7 +50,7 @@ def sbc_k(inner, k, **kwargs):
 
 def accumulate_k(inner, k, **kwargs):
   """``accumulate`` with a gate that opens at ``k`` draws."""
-  gate = gates.from_function(lambda s: s.num_draws >= (k(s.num_batches) if callable(k) else k))
+  gate = gates.from_function(lambda s: s.num_draws >= (k(s.num_microbatches) if callable(k) else k))
   return optax_gqc.accumulate(inner, gate, max_draws=None, **kwargs)
 
 

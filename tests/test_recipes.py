@@ -369,7 +369,7 @@ def test_schedules_in_tokens_run_through_gnts_as_scheduled_accumulation_does():
 
   def set_lr(state):
     return optax.tree.set(
-        state, learning_rate=schedule(optax.tree.get(state, 'num_batches')).astype(jnp.float32)
+        state, learning_rate=schedule(optax.tree.get(state, 'num_microbatches')).astype(jnp.float32)
     )
 
   want, want_state = _run_params(reference, grads)

@@ -36,7 +36,7 @@ GATES = {
     'norm_below': (lambda: gates.norm_below(0.5), {'threshold'}, set()),
     'norm_below_relative': (
         lambda: gates.norm_below(0.5, relative=True),
-        {'threshold', 'threshold_ratio', 'grad_norm_ema'},
+        {'threshold', 'ratio', 'grad_norm_ema'},
         {'_norm_ema', '_norm_weight'},
     ),
     'batch_size_at_least': (lambda: gates.batch_size_at_least(4, 1), {'logical_batch_size'}, set()),
@@ -179,8 +179,8 @@ def test_statistics_of_gnr():
     _, state = tx.update(g, state, PARAMS)
   stats = optax_gqc.statistics(state)
   # It steps on every microbatch: as many microbatches as steps.
-  assert set(stats) == {'num_batches', 'num_steps', 'target', 'grad_norm'}
-  assert int(stats['num_batches']) == int(stats['num_steps']) == 2
+  assert set(stats) == {'num_microbatches', 'num_batches', 'num_steps', 'target', 'grad_norm'}
+  assert int(stats['num_microbatches']) == int(stats['num_steps']) == 2
   assert float(stats['target']) == 2.0
   assert float(stats['grad_norm']) == pytest.approx(np.sqrt(6 * 4.0))
 
@@ -196,7 +196,7 @@ def test_statistics_of_sgd_sai():
   gsnr = optax.tree.get(state, 'gsnr')
   # 'b' got a zero gradient: it waits for a non-zero one.
   assert int(stats['num_pending_gsnr']) == 1 and int(stats['num_steps']) == 1
-  assert int(stats['num_batches']) == 1
+  assert int(stats['num_microbatches']) == 1
   assert float(stats['gsnr_min']) == float(stats['gsnr_max']) == float(gsnr['w'])
 
 
@@ -251,4 +251,4 @@ def test_an_accumulations_count_comes_before_its_inner_optimizers():
   # accumulation reports both under its own names.
   tx = optax.inject_hyperparams(optax_gqc.sbc)(optax.adam(0.1), 2, 1)
   stats = optax_gqc.statistics(last_state(tx, num=5))
-  assert int(stats['num_steps']) == 2 and int(stats['num_batches']) == 5
+  assert int(stats['num_steps']) == 2 and int(stats['num_microbatches']) == 5

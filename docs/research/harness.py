@@ -51,7 +51,7 @@ def make_tx(gate, lr_sched, microbatch, max_draws=64, wd=0.01, scale=None):
 
   def sched(state):
     h = dict(state.inner_state.hyperparams)
-    h['learning_rate'] = jnp.asarray(lr_sched(state.num_batches), jnp.float32)
+    h['learning_rate'] = jnp.asarray(lr_sched(state.num_microbatches), jnp.float32)
     return state._replace(inner_state=state.inner_state._replace(hyperparams=h))
 
   return optax_gqc.AccumulationTransformation(

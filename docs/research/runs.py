@@ -53,7 +53,7 @@ def arm(spec, count):
     return make_tx(gates.batch_size_at_least(sched, MB), lr, MB, scale=scale)
   if kind == 'pattern':
     # steps of 2, 1, 1, 1 microbatches, as the critical gate's probes make them
-    g = gates.from_function(lambda st: (st.num_draws >= 2) | ((st.num_batches % 5) >= 2))
+    g = gates.from_function(lambda st: (st.num_draws >= 2) | ((st.num_microbatches % 5) >= 2))
     return make_tx(g, lr, MB, scale=scale)
   if kind == 'seesaw':
     # the batch replaces the lr decay: n(t) = peak / lr(t) after warmup, capped

@@ -259,7 +259,7 @@ def replay(
 #: torch-gqc statistic -> optax_gqc statistic, compared when both sides report it.
 DEFAULT_STAT_NAMES: dict[str, str] = {
     'num_draws': 'num_draws',
-    'num_batches': 'num_batches',
+    'num_batches': 'num_microbatches',
     'num_steps': 'num_steps',
     'last_num_draws': 'last_num_draws',
     'last_grad_norm': 'last_grad_norm',

@@ -93,10 +93,10 @@ def test_nan_microbatch_poisons_torch_gqc_and_is_rejected_here():
   # stand still for it, and training goes on with finite parameters.
   assert records[5].optax_stats['num_skipped'] == 1
   assert records[5].optax_stats['num_draws'] == before.optax_stats['num_draws']
-  assert records[5].optax_stats['num_batches'] == before.optax_stats['num_batches'] == 5
+  assert records[5].optax_stats['num_microbatches'] == before.optax_stats['num_microbatches'] == 5
   assert records[5].torch_stats['num_batches'] == 6
   assert all(np.isfinite(v).all() for v in last.optax_params.values())
-  assert last.optax_stats['num_batches'] == last.torch_stats['num_batches'] - 1
+  assert last.optax_stats['num_microbatches'] == last.torch_stats['num_batches'] - 1
 
 
 def test_bf16_gradients_are_summed_in_float32():

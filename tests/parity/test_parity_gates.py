@@ -19,7 +19,8 @@ MICROBATCH = 16
 BATCH = (32.0, 208.0, 20, pc.NUM_MICROBATCHES)  # warm up to 32 examples, then grow to 208
 TARGET = 0.7
 COMMON = {
-    k: k for k in ('num_draws', 'num_batches', 'num_steps', 'last_num_draws', 'last_grad_norm')
+    **{k: k for k in ('num_draws', 'num_steps', 'last_num_draws', 'last_grad_norm')},
+    'num_batches': 'num_microbatches',
 }
 
 OPTAX_GNTS = {

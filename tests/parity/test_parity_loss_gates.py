@@ -19,11 +19,13 @@ pytestmark = pytest.mark.filterwarnings(
 MAX_DRAWS = 12
 M, L = pc.NUM_MICROBATCHES, 30
 GNS_NAMES = {
-    **{k: k for k in ('num_draws', 'num_batches', 'num_steps', 'last_num_draws', 'last_grad_norm')},
+    **{k: k for k in ('num_draws', 'num_steps', 'last_num_draws', 'last_grad_norm')},
+    'num_batches': 'num_microbatches',
     'noise_tolerance': 'tolerance',
 }
 MHT_NAMES = {
-    **{k: k for k in ('num_draws', 'num_batches', 'num_steps', 'last_num_draws', 'last_grad_norm')},
+    **{k: k for k in ('num_draws', 'num_steps', 'last_num_draws', 'last_grad_norm')},
+    'num_batches': 'num_microbatches',
     'running_mean': 'loss_ema',
     'confidence_level': 'confidence',
     'percent_error_threshold': 'percent_error',
