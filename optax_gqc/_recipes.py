@@ -7,6 +7,7 @@ as torch-gqc's factories do: the inner optimizer is built with
 microbatch count before every update.
 """
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -213,17 +214,10 @@ def scheduled_accumulation(
   inner = optax.inject_hyperparams(optimizer, hyperparam_dtype=hyperparam_dtype)(
       **optimizer_kwargs, **{k: s(jnp.zeros([], jnp.int32)) for k, s in hyperparams.items()}
   )
-  tx = accumulate(
-      inner,
-      gate,
-      max_draws=max_draws,
-      microbatch_size=microbatch_size,
-      accumulator_dtype=accumulator_dtype,
-      skip_nonfinite=skip_nonfinite,
-      scale_by_draws=scale_by_draws,
-      noise_decay=noise_decay,
-      axis_name=axis_name,
+  engine = _engine(
+      max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )
+  tx = accumulate(inner, gate, noise_decay=noise_decay, **engine)
 
   return schedule_by_microbatch(tx, **hyperparams)
 
@@ -274,24 +268,45 @@ def _run_length(
   return total, warmup
 
 
-def _constant_lr(
-    learning_rate: float, weight_decay: float | None, warmup: int, total: int
-) -> dict[str, optax.Schedule]:
-  """torch-gqc's usual schedules of the inner optimizer.
+def _schedules(
+    run: tuple[int | None, int | None, int | None, int | None],
+    learning_rate: float,
+    weight_decay: float | None,
+    conventional_lr: bool,
+    **numbers: Any,
+) -> tuple[int, int, dict[str, optax.Schedule]]:
+  """The run's and the warmup's microbatches, and the schedules of the inner optimizer.
 
-  The learning rate warms up and stays; the weight decay, unless None, warms
-  up, then anneals by a quarter cosine to 0.
+  ``run`` is the recipe's ``(total_microbatches, warmup_microbatches,
+  total_steps, warmup_steps)``, checked with ``learning_rate`` and ``numbers``
+  by :func:`_run_length`. torch-gqc's usual schedules: the learning rate warms
+  up and stays; the weight decay, unless None, warms up, then anneals by a
+  quarter cosine to 0. With ``conventional_lr`` (the ``_conventional_lr``
+  recipes) the learning rate warms up, then anneals by a quarter cosine to 0,
+  and the weight decay is not scheduled.
   """
+  total, warmup = _run_length(*run, learning_rate=learning_rate, **numbers)
+  if conventional_lr:
+    return total, warmup, {'learning_rate': cosine_with_warmup(learning_rate, 0.0, warmup, total)}
   hyperparams = {'learning_rate': constant_with_warmup(learning_rate, warmup)}
   if weight_decay is not None:
     _check_base('weight_decay', weight_decay)
     hyperparams['weight_decay'] = cosine_with_warmup(weight_decay, 0.0, warmup, total)
-  return hyperparams
+  return total, warmup, hyperparams
 
 
-def _conventional_lr(learning_rate: float, warmup: int, total: int) -> dict[str, optax.Schedule]:
-  """The ``_conventional_lr`` recipes' schedule: a warmup, then a quarter cosine to 0."""
-  return {'learning_rate': cosine_with_warmup(learning_rate, 0.0, warmup, total)}
+def _engine(
+    max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
+) -> dict[str, Any]:
+  """The arguments that a recipe passes on to :func:`optax_gqc.accumulate`, by name."""
+  return {
+      'max_draws': max_draws,
+      'microbatch_size': microbatch_size,
+      'accumulator_dtype': accumulator_dtype,
+      'skip_nonfinite': skip_nonfinite,
+      'scale_by_draws': scale_by_draws,
+      'axis_name': axis_name,
+  }
 
 
 def _accumulating_recipe(
@@ -299,11 +314,11 @@ def _accumulating_recipe(
     gate: gates.Gate,
     hyperparams: Mapping[str, optax.Schedule],
     optimizer_kwargs: Mapping[str, Any],
-    **engine_args: Any,
+    engine: Mapping[str, Any],
 ) -> AccumulationTransformation:
   """A recipe's accumulation: :func:`scheduled_accumulation` with its gate and schedules."""
   _check_optimizer(optimizer, [*hyperparams, *optimizer_kwargs])
-  return scheduled_accumulation(optimizer, gate, hyperparams, **engine_args, **optimizer_kwargs)
+  return scheduled_accumulation(optimizer, gate, hyperparams, **engine, **optimizer_kwargs)
 
 
 def _rescaling_recipe(
@@ -318,6 +333,82 @@ def _rescaling_recipe(
   # microbatch count and inject_hyperparams can evaluate the schedules.
   injected = optax.inject_hyperparams(optimizer, hyperparam_dtype=jnp.float32)
   return optax.chain(scale_to_norm(target), injected(**optimizer_kwargs, **hyperparams))
+
+
+def _annealed(
+    name,
+    gate,
+    conventional_lr,
+    run,
+    learning_rate,
+    weight_decay,
+    annealing,
+    optimizer,
+    optimizer_kwargs,
+    engine,
+):
+  """GNTS's and GNS's recipes: a gate whose ``name`` anneals, as ``gate(schedule)``.
+
+  ``annealing`` is ``(initial, final, warmup_multiplier)``: the value falls from
+  ``warmup_multiplier * initial`` to ``initial`` over the warmup, then by a
+  quarter cosine to ``final``.
+  """
+  initial, final, warmup_multiplier = annealing
+  total, warmup, hyperparams = _schedules(
+      run,
+      learning_rate,
+      weight_decay,
+      conventional_lr,
+      **{f'initial_{name}': initial, f'final_{name}': final},
+      warmup_multiplier=warmup_multiplier,
+  )
+  schedule = cosine_with_inverse_warmup(initial, final, warmup, total, warmup_multiplier)
+  return _accumulating_recipe(optimizer, gate(schedule), hyperparams, optimizer_kwargs, engine)
+
+
+# GNTS's recipes: the threshold of gates.norm_below annealed.
+_gnts = functools.partial(_annealed, 'threshold', gates.norm_below)
+
+
+def _gnr(conventional_lr, run, learning_rate, weight_decay, norms, optimizer, optimizer_kwargs):
+  """:func:`gnr_with_cosine_schedule`, or its ``_conventional_lr`` sibling."""
+  initial_norm, final_norm = norms
+  total, warmup, hyperparams = _schedules(
+      run,
+      learning_rate,
+      weight_decay,
+      conventional_lr,
+      initial_norm=initial_norm,
+      final_norm=final_norm,
+  )
+  target = cosine_with_warmup(initial_norm, final_norm, warmup, total)
+  return _rescaling_recipe(optimizer, target, hyperparams, optimizer_kwargs)
+
+
+def _sbc(
+    conventional_lr,
+    run,
+    learning_rate,
+    weight_decay,
+    batch_sizes,
+    optimizer,
+    optimizer_kwargs,
+    engine,
+):
+  """:func:`sbc_with_polynomial_schedule`, or its ``_conventional_lr`` sibling."""
+  initial_batch_size, final_batch_size, power = batch_sizes
+  total, warmup, hyperparams = _schedules(
+      run,
+      learning_rate,
+      weight_decay,
+      conventional_lr,
+      initial_batch_size=initial_batch_size,
+      final_batch_size=final_batch_size,
+      power=power,
+  )
+  batch_size = polynomial_with_warmup(initial_batch_size, final_batch_size, warmup, total, power)
+  gate = gates.batch_size_at_least(batch_size, engine['microbatch_size'])
+  return _accumulating_recipe(optimizer, gate, hyperparams, optimizer_kwargs, engine)
 
 
 def gnts_with_cosine_schedule(
@@ -391,31 +482,13 @@ def gnts_with_cosine_schedule(
     >>> tx = optax_gqc.gnts_with_cosine_schedule(
     ...     3e-3, total_microbatches=10_000, warmup_microbatches=500)
   """
-  total, warmup = _run_length(
-      total_microbatches,
-      warmup_microbatches,
-      total_steps,
-      warmup_steps,
-      learning_rate=learning_rate,
-      initial_threshold=initial_threshold,
-      final_threshold=final_threshold,
-      warmup_multiplier=warmup_multiplier,
+  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  thresholds = (initial_threshold, final_threshold, warmup_multiplier)
+  engine = _engine(
+      max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )
-  hyperparams = _constant_lr(learning_rate, weight_decay, warmup, total)
-  threshold = cosine_with_inverse_warmup(
-      initial_threshold, final_threshold, warmup, total, warmup_multiplier
-  )
-  return _accumulating_recipe(
-      optimizer,
-      gates.norm_below(threshold),
-      hyperparams,
-      optimizer_kwargs,
-      max_draws=max_draws,
-      microbatch_size=microbatch_size,
-      accumulator_dtype=accumulator_dtype,
-      skip_nonfinite=skip_nonfinite,
-      scale_by_draws=scale_by_draws,
-      axis_name=axis_name,
+  return _gnts(
+      False, run, learning_rate, weight_decay, thresholds, optimizer, optimizer_kwargs, engine
   )
 
 
@@ -446,32 +519,12 @@ def gnts_with_cosine_schedule_conventional_lr(
   (in ``optimizer_kwargs``) is not scheduled. Arguments as in
   :func:`gnts_with_cosine_schedule`.
   """
-  total, warmup = _run_length(
-      total_microbatches,
-      warmup_microbatches,
-      total_steps,
-      warmup_steps,
-      learning_rate=learning_rate,
-      initial_threshold=initial_threshold,
-      final_threshold=final_threshold,
-      warmup_multiplier=warmup_multiplier,
+  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  thresholds = (initial_threshold, final_threshold, warmup_multiplier)
+  engine = _engine(
+      max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )
-  hyperparams = _conventional_lr(learning_rate, warmup, total)
-  threshold = cosine_with_inverse_warmup(
-      initial_threshold, final_threshold, warmup, total, warmup_multiplier
-  )
-  return _accumulating_recipe(
-      optimizer,
-      gates.norm_below(threshold),
-      hyperparams,
-      optimizer_kwargs,
-      max_draws=max_draws,
-      microbatch_size=microbatch_size,
-      accumulator_dtype=accumulator_dtype,
-      skip_nonfinite=skip_nonfinite,
-      scale_by_draws=scale_by_draws,
-      axis_name=axis_name,
-  )
+  return _gnts(True, run, learning_rate, None, thresholds, optimizer, optimizer_kwargs, engine)
 
 
 def gnr_with_cosine_schedule(
@@ -514,18 +567,9 @@ def gnr_with_cosine_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  total, warmup = _run_length(
-      total_microbatches,
-      warmup_microbatches,
-      total_steps,
-      warmup_steps,
-      learning_rate=learning_rate,
-      initial_norm=initial_norm,
-      final_norm=final_norm,
-  )
-  hyperparams = _constant_lr(learning_rate, weight_decay, warmup, total)
-  target = cosine_with_warmup(initial_norm, final_norm, warmup, total)
-  return _rescaling_recipe(optimizer, target, hyperparams, optimizer_kwargs)
+  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  norms = (initial_norm, final_norm)
+  return _gnr(False, run, learning_rate, weight_decay, norms, optimizer, optimizer_kwargs)
 
 
 def gnr_with_cosine_schedule_conventional_lr(
@@ -547,18 +591,9 @@ def gnr_with_cosine_schedule_conventional_lr(
   norm follows :func:`gnr_with_cosine_schedule`; the weight decay is not
   scheduled. Arguments as in :func:`gnr_with_cosine_schedule`.
   """
-  total, warmup = _run_length(
-      total_microbatches,
-      warmup_microbatches,
-      total_steps,
-      warmup_steps,
-      learning_rate=learning_rate,
-      initial_norm=initial_norm,
-      final_norm=final_norm,
-  )
-  hyperparams = _conventional_lr(learning_rate, warmup, total)
-  target = cosine_with_warmup(initial_norm, final_norm, warmup, total)
-  return _rescaling_recipe(optimizer, target, hyperparams, optimizer_kwargs)
+  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  norms = (initial_norm, final_norm)
+  return _gnr(True, run, learning_rate, None, norms, optimizer, optimizer_kwargs)
 
 
 def sbc_with_polynomial_schedule(
@@ -622,29 +657,13 @@ def sbc_with_polynomial_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs` called once per microbatch.
   """
-  total, warmup = _run_length(
-      total_microbatches,
-      warmup_microbatches,
-      total_steps,
-      warmup_steps,
-      learning_rate=learning_rate,
-      initial_batch_size=initial_batch_size,
-      final_batch_size=final_batch_size,
-      power=power,
+  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  batch_sizes = (initial_batch_size, final_batch_size, power)
+  engine = _engine(
+      max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )
-  hyperparams = _constant_lr(learning_rate, weight_decay, warmup, total)
-  batch_size = polynomial_with_warmup(initial_batch_size, final_batch_size, warmup, total, power)
-  return _accumulating_recipe(
-      optimizer,
-      gates.batch_size_at_least(batch_size, microbatch_size),
-      hyperparams,
-      optimizer_kwargs,
-      max_draws=max_draws,
-      microbatch_size=microbatch_size,
-      accumulator_dtype=accumulator_dtype,
-      skip_nonfinite=skip_nonfinite,
-      scale_by_draws=scale_by_draws,
-      axis_name=axis_name,
+  return _sbc(
+      False, run, learning_rate, weight_decay, batch_sizes, optimizer, optimizer_kwargs, engine
   )
 
 
@@ -674,30 +693,12 @@ def sbc_with_polynomial_schedule_conventional_lr(
   logical batch follows :func:`sbc_with_polynomial_schedule`; the weight decay
   is not scheduled. Arguments as in :func:`sbc_with_polynomial_schedule`.
   """
-  total, warmup = _run_length(
-      total_microbatches,
-      warmup_microbatches,
-      total_steps,
-      warmup_steps,
-      learning_rate=learning_rate,
-      initial_batch_size=initial_batch_size,
-      final_batch_size=final_batch_size,
-      power=power,
+  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  batch_sizes = (initial_batch_size, final_batch_size, power)
+  engine = _engine(
+      max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )
-  hyperparams = _conventional_lr(learning_rate, warmup, total)
-  batch_size = polynomial_with_warmup(initial_batch_size, final_batch_size, warmup, total, power)
-  return _accumulating_recipe(
-      optimizer,
-      gates.batch_size_at_least(batch_size, microbatch_size),
-      hyperparams,
-      optimizer_kwargs,
-      max_draws=max_draws,
-      microbatch_size=microbatch_size,
-      accumulator_dtype=accumulator_dtype,
-      skip_nonfinite=skip_nonfinite,
-      scale_by_draws=scale_by_draws,
-      axis_name=axis_name,
-  )
+  return _sbc(True, run, learning_rate, None, batch_sizes, optimizer, optimizer_kwargs, engine)
 
 
 def gns_with_cosine_schedule(
@@ -753,31 +754,22 @@ def gns_with_cosine_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  total, warmup = _run_length(
-      total_microbatches,
-      warmup_microbatches,
-      total_steps,
-      warmup_steps,
-      learning_rate=learning_rate,
-      initial_tolerance=initial_tolerance,
-      final_tolerance=final_tolerance,
-      warmup_multiplier=warmup_multiplier,
+  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  tolerances = (initial_tolerance, final_tolerance, warmup_multiplier)
+  engine = _engine(
+      max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )
-  hyperparams = _conventional_lr(learning_rate, warmup, total)
-  tolerance = cosine_with_inverse_warmup(
-      initial_tolerance, final_tolerance, warmup, total, warmup_multiplier
-  )
-  return _accumulating_recipe(
+  return _annealed(
+      'tolerance',
+      gates.noise_ratio_below,
+      True,
+      run,
+      learning_rate,
+      None,
+      tolerances,
       optimizer,
-      gates.noise_ratio_below(tolerance),
-      hyperparams,
       optimizer_kwargs,
-      max_draws=max_draws,
-      microbatch_size=microbatch_size,
-      accumulator_dtype=accumulator_dtype,
-      skip_nonfinite=skip_nonfinite,
-      scale_by_draws=scale_by_draws,
-      axis_name=axis_name,
+      engine,
   )
 
 
@@ -806,27 +798,13 @@ def gns_default(
   factory keeps) to ``tolerance`` over the warmup, then stays. Arguments as in
   :func:`gns_with_cosine_schedule`.
   """
-  total, warmup = _run_length(
-      total_microbatches,
-      warmup_microbatches,
-      total_steps,
-      warmup_steps,
-      learning_rate=learning_rate,
-      tolerance=tolerance,
+  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  engine = _engine(
+      max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )
-  hyperparams = _conventional_lr(learning_rate, warmup, total)
-  return _accumulating_recipe(
-      optimizer,
-      gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup)),
-      hyperparams,
-      optimizer_kwargs,
-      max_draws=max_draws,
-      microbatch_size=microbatch_size,
-      accumulator_dtype=accumulator_dtype,
-      skip_nonfinite=skip_nonfinite,
-      scale_by_draws=scale_by_draws,
-      axis_name=axis_name,
-  )
+  total, warmup, hyperparams = _schedules(run, learning_rate, None, True, tolerance=tolerance)
+  gate = gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup))
+  return _accumulating_recipe(optimizer, gate, hyperparams, optimizer_kwargs, engine)
 
 
 def mht_with_warmup_schedule(
@@ -882,32 +860,23 @@ def mht_with_warmup_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  total, warmup = _run_length(
-      total_microbatches,
-      warmup_microbatches,
-      total_steps,
-      warmup_steps,
-      learning_rate=learning_rate,
+  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  engine = _engine(
+      max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
+  )
+  total, warmup, hyperparams = _schedules(
+      run,
+      learning_rate,
+      None,
+      True,
       confidence=confidence,
       percent_error=percent_error,
       decay=decay,
   )
-  hyperparams = _conventional_lr(learning_rate, warmup, total)
   _checks.check_unit_interval('confidence', confidence)
   gate = gates.loss_interval(
       cosine_with_warmup(confidence, confidence, warmup, total),
       cosine_with_warmup(percent_error, percent_error, warmup, total),
       decay=decay,
   )
-  return _accumulating_recipe(
-      optimizer,
-      gate,
-      hyperparams,
-      optimizer_kwargs,
-      max_draws=max_draws,
-      microbatch_size=microbatch_size,
-      accumulator_dtype=accumulator_dtype,
-      skip_nonfinite=skip_nonfinite,
-      scale_by_draws=scale_by_draws,
-      axis_name=axis_name,
-  )
+  return _accumulating_recipe(optimizer, gate, hyperparams, optimizer_kwargs, engine)
