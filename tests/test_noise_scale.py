@@ -85,9 +85,8 @@ def test_noise_scale_units_and_nan_before_an_estimate():
   grads = [{'w': jnp.array([1.0, 0.0, 2.0])}, {'w': jnp.array([0.0, 1.0, 1.0])}]
 
   def final_stats(microbatch_size):
-    tx = optax_gqc.accumulate(
-        optax.sgd(0.0), gates.batch_size_at_least(2, 1), microbatch_size=microbatch_size
-    )
+    every_two = gates.from_function(lambda s: s.num_draws >= 2)
+    tx = optax_gqc.accumulate(optax.sgd(0.0), every_two, microbatch_size=microbatch_size)
     state = tx.init(params)
     _, state = jax.jit(tx.update)(grads[0], state, params)
     first = optax_gqc.statistics(state)
