@@ -760,19 +760,16 @@ def test_an_injected_max_draws_below_one_steps_every_microbatch_and_is_counted()
 
 
 def test_an_injected_nan_noise_decay_keeps_the_estimates_and_is_counted():
-  def make():
-    return optax.inject_hyperparams(optax_gqc.accumulate)(
-        optax.sgd(0.1), gates.batch_size_at_least(2, 1)
-    )
-
-  tx = make()
+  tx = optax.inject_hyperparams(optax_gqc.accumulate)(
+      optax.sgd(0.1), gates.batch_size_at_least(2, 1)
+  )
 
   def poison(i, state):
     if i == 4:
       state.hyperparams['noise_decay'] = jnp.asarray(jnp.nan)
     return state
 
-  ref = run_stats(make(), num=6)
+  ref = run_stats(tx, num=6)  # the same program, its state left alone
   out = run_stats(tx, num=6, state_hook=poison)
   assert float(out[3]['noise_scale']) == float(ref[3]['noise_scale'])
   # The step at microbatch 5 folds no estimate: the noise scale stays finite, as it was.
@@ -828,17 +825,25 @@ def test_float16_gradients_accumulate_in_float32_and_keep_the_params_finite():
   np.testing.assert_array_equal(np.asarray(updates['w'], np.float32), -4e4)
 
 
-def relative_norm_steps(first_zero, num=300, seed=1):
+@functools.cache
+def relative_norm_scan():
+  """The relative-threshold accumulation, and one jitted scan of it over a stacked stream."""
   tx = optax_gqc.accumulate(optax.sgd(0.1), gates.norm_below(0.5, relative=True), max_draws=64)
-  state = tx.init(PARAMS)
-  update = jax.jit(tx.update)
-  steps = []
-  for i, g in enumerate(grads(num, seed)):
-    if first_zero and i == 0:
-      g = jax.tree.map(jnp.zeros_like, g)
-    _, state = update(g, state, PARAMS)
-    steps.append(int(state.num_steps))
-  return steps, state
+
+  def body(state, g):
+    _, state = tx.update(g, state, PARAMS)
+    return state, state.num_steps
+
+  return tx, jax.jit(lambda state, stream: jax.lax.scan(body, state, stream))
+
+
+def relative_norm_steps(first_zero, num=300, seed=1):
+  tx, scan = relative_norm_scan()
+  stream = grads(num, seed)
+  if first_zero:
+    stream[0] = jax.tree.map(jnp.zeros_like, stream[0])
+  state, steps = scan(tx.init(PARAMS), jax.tree.map(lambda *xs: jnp.stack(xs), *stream))
+  return [int(x) for x in steps], state
 
 
 def test_a_zero_first_microbatch_does_not_hold_the_relative_threshold():
