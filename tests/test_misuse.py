@@ -25,7 +25,10 @@ PARAMS = {'w': jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), 'b': jnp.ones(3)}
 
 def grads(num, seed=0):
   keys = jax.random.split(jax.random.key(seed), num)
-  return [jax.tree.map(lambda p, k=k: jax.random.normal(k, p.shape), PARAMS) for k in keys]
+  # Indexed: iterating over a key array compiles an unstack program per length.
+  return [
+      jax.tree.map(lambda p, k=keys[i]: jax.random.normal(k, p.shape), PARAMS) for i in range(num)
+  ]
 
 
 def run_stats(tx, num=6, values=None, state_hook=None):
