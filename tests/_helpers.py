@@ -10,9 +10,10 @@ PARAMS = {'w': jnp.arange(12.0).reshape(3, 4) / 10, 'b': jnp.ones(4)}
 def grad_stream(num, seed=0, scale=1.0, params=PARAMS):
   """Random microbatch gradients shaped like ``params``."""
   keys = jax.random.split(jax.random.key(seed), num)
+  # Indexed: iterating over a key array compiles an unstack program per length.
   return [
-      jax.tree.map(lambda p, k=k: scale * jax.random.normal(k, p.shape, p.dtype), params)
-      for k in keys
+      jax.tree.map(lambda p, k=keys[i]: scale * jax.random.normal(k, p.shape, p.dtype), params)
+      for i in range(num)
   ]
 
 

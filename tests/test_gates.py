@@ -1,5 +1,7 @@
 """The gates of optax_gqc.gates against references of their rules, alone and combined."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -240,42 +242,59 @@ def test_critical_batch_follows_fraction_of_the_linear_regression_noise_scale():
     assert np.mean(logical) == pytest.approx(fraction * truth, rel=0.1)
 
 
-def test_critical_batch_bootstrap_survives_a_negative_first_estimate():
-  # Gradients with |G|^2 = 5 and tr(Sigma) = 5 per microbatch: B is one
-  # microbatch, but the first two-draw estimate of |G|^2 comes out negative.
-  grads = [{'w': jax.random.normal(k, (5,)) + 1.0} for k in jax.random.split(jax.random.key(0), 40)]
+CRITICAL_CHUNK = 40  # microbatches per call of the scan: every stream reuses one program
+
+
+@functools.cache
+def critical_batch_scan():
+  """``critical_batch(0.5, 8)``'s first state, and one jitted scan of its microbatches.
+
+  The scan returns the statistics after each microbatch.
+  """
   tx = optax_gqc.accumulate(
       optax.sgd(1.0), gates.critical_batch(0.5, 8), microbatch_size=8, max_draws=64
   )
-  state = tx.init({'w': jnp.zeros(5)})
-  update = jax.jit(tx.update)
-  first = None
-  for g in grads:
-    _, state = update(g, state, {'w': jnp.zeros(5)})
-    if first is None and int(state.num_steps) == 1:
-      first = optax_gqc.statistics(state)
-  assert float(first['grad_sq_norm_est']) < 0  # the estimate that read as an infinite B
-  stats = optax_gqc.statistics(state)
-  assert int(stats['num_forced']) == 0
-  assert int(stats['num_steps']) >= 15  # bootstrap steps of 2, then about one draw a step
+  params = {'w': jnp.zeros(5)}
+
+  def body(state, g):
+    _, state = tx.update(g, state, params)
+    return state, optax_gqc.statistics(state)
+
+  return tx.init(params), jax.jit(lambda state, grads: jax.lax.scan(body, state, grads))
+
+
+def critical_batch_statistics(seed, num):
+  """Statistics after each of ``num`` microbatches with |G|^2 = 5 and tr(Sigma) = 5."""
+  keys = jax.random.split(jax.random.key(seed), num)
+  # Drawn key by key and stacked on the host, the keys indexed: iterating over
+  # them compiles an unstack per length, slower than the scan.
+  grads = np.stack([np.asarray(jax.random.normal(keys[i], (5,)) + 1.0) for i in range(num)])
+  state, scan = critical_batch_scan()
+  chunks = []
+  for start in range(0, num, CRITICAL_CHUNK):
+    state, stats = scan(state, {'w': grads[start : start + CRITICAL_CHUNK]})
+    chunks.append(stats)
+  return {name: np.concatenate([np.asarray(c[name]) for c in chunks]) for name in chunks[0]}
+
+
+def test_critical_batch_bootstrap_survives_a_negative_first_estimate():
+  # Gradients with |G|^2 = 5 and tr(Sigma) = 5 per microbatch: B is one
+  # microbatch, but the first two-draw estimate of |G|^2 comes out negative.
+  stats = critical_batch_statistics(seed=0, num=40)
+  first = int(np.argmax(stats['num_steps'] == 1))  # the first step
+  assert stats['num_steps'][first] == 1
+  assert float(stats['grad_sq_norm_est'][first]) < 0  # the estimate that read as an infinite B
+  assert int(stats['num_forced'][-1]) == 0
+  assert int(stats['num_steps'][-1]) >= 15  # bootstrap steps of 2, then about one draw a step
 
 
 def test_critical_batch_reports_its_target_not_its_probes():
   # B_simple is about one microbatch: the target stays under two microbatches,
   # and every fourth step probes with two, which the reported target leaves out.
-  grads = [{'w': jax.random.normal(k, (5,)) + 1.0} for k in jax.random.split(jax.random.key(1), 80)]
-  tx = optax_gqc.accumulate(
-      optax.sgd(1.0), gates.critical_batch(0.5, 8), microbatch_size=8, max_draws=64
-  )
-  state, params = tx.init({'w': jnp.zeros(5)}), {'w': jnp.zeros(5)}
-  update = jax.jit(tx.update)
-  probes, targets = 0, []
-  for g in grads:
-    _, state = update(g, state, params)
-    stats = optax_gqc.statistics(state)
-    if int(state.num_steps) > 5 and int(state.num_draws) == 0:  # a step, past the bootstrap
-      probes += int(stats['last_num_draws']) == 2
-      targets.append(float(stats['target_batch_size']))
+  stats = critical_batch_statistics(seed=1, num=80)
+  stepped = (stats['num_steps'] > 5) & (stats['num_draws'] == 0)  # a step, past the bootstrap
+  probes = int(np.sum(stats['last_num_draws'][stepped] == 2))
+  targets = stats['target_batch_size'][stepped]
   assert probes >= 3
   assert max(targets) < 16
 

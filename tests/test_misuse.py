@@ -25,7 +25,10 @@ PARAMS = {'w': jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), 'b': jnp.ones(3)}
 
 def grads(num, seed=0):
   keys = jax.random.split(jax.random.key(seed), num)
-  return [jax.tree.map(lambda p, k=k: jax.random.normal(k, p.shape), PARAMS) for k in keys]
+  # Indexed: iterating over a key array compiles an unstack program per length.
+  return [
+      jax.tree.map(lambda p, k=keys[i]: jax.random.normal(k, p.shape), PARAMS) for i in range(num)
+  ]
 
 
 def run_stats(tx, num=6, values=None, state_hook=None):
@@ -772,19 +775,16 @@ def test_an_injected_max_draws_below_one_steps_every_microbatch_and_is_counted()
 
 
 def test_an_injected_nan_noise_decay_keeps_the_estimates_and_is_counted():
-  def make():
-    return optax.inject_hyperparams(optax_gqc.accumulate)(
-        optax.sgd(0.1), gates.batch_size_at_least(2, 1)
-    )
-
-  tx = make()
+  tx = optax.inject_hyperparams(optax_gqc.accumulate)(
+      optax.sgd(0.1), gates.batch_size_at_least(2, 1)
+  )
 
   def poison(i, state):
     if i == 4:
       state.hyperparams['noise_decay'] = jnp.asarray(jnp.nan)
     return state
 
-  ref = run_stats(make(), num=6)
+  ref = run_stats(tx, num=6)  # the same program, its state left alone
   out = run_stats(tx, num=6, state_hook=poison)
   for name in ('grad_sq_norm_est', 'trace_cov_est'):
     assert float(out[3][name]) == float(ref[3][name])
@@ -841,17 +841,25 @@ def test_float16_gradients_accumulate_in_float32_and_keep_the_params_finite():
   np.testing.assert_array_equal(np.asarray(updates['w'], np.float32), -4e4)
 
 
-def relative_norm_steps(first_zero, num=300, seed=1):
+@functools.cache
+def relative_norm_scan():
+  """The relative-threshold accumulation, and one jitted scan of it over a stacked stream."""
   tx = optax_gqc.accumulate(optax.sgd(0.1), gates.norm_below(0.5, relative=True), max_draws=64)
-  state = tx.init(PARAMS)
-  update = jax.jit(tx.update)
-  steps = []
-  for i, g in enumerate(grads(num, seed)):
-    if first_zero and i == 0:
-      g = jax.tree.map(jnp.zeros_like, g)
-    _, state = update(g, state, PARAMS)
-    steps.append(int(state.num_steps))
-  return steps, state
+
+  def body(state, g):
+    _, state = tx.update(g, state, PARAMS)
+    return state, state.num_steps
+
+  return tx, jax.jit(lambda state, stream: jax.lax.scan(body, state, stream))
+
+
+def relative_norm_steps(first_zero, num=300, seed=1):
+  tx, scan = relative_norm_scan()
+  stream = grads(num, seed)
+  if first_zero:
+    stream[0] = jax.tree.map(jnp.zeros_like, stream[0])
+  state, steps = scan(tx.init(PARAMS), jax.tree.map(lambda *xs: jnp.stack(xs), *stream))
+  return [int(x) for x in steps], state
 
 
 def test_a_zero_first_microbatch_does_not_hold_the_relative_threshold():

@@ -12,7 +12,8 @@ from optax_gqc import schedules
 
 def sgd_grads(num, seed=0):
   keys = jax.random.split(jax.random.key(seed), num)
-  return [{'w': jax.random.normal(k, (6,))} for k in keys]
+  # Indexed: iterating over a key array compiles an unstack program per length.
+  return [{'w': jax.random.normal(keys[i], (6,))} for i in range(num)]
 
 
 def hyperparams_and_updates(tx, grads):
