@@ -124,16 +124,17 @@ def _describe_state(state: Any) -> str:
   return f"({', '.join(names)})" if names else type(state).__name__
 
 
-def _one_microbatch_size(given: Any, gates: int | None) -> Any:
+def _one_microbatch_size(given: Any, gate_size: int | None) -> Any:
   """The microbatch size, given to accumulate or to its gate, or to both alike."""
-  if gates is None:
+  if gate_size is None:
     return given
-  if given is not None and not isinstance(given, jax.Array) and given != gates:
+  # A traced size (inject_hyperparams) cannot be compared here.
+  if given is not None and not isinstance(given, jax.Array) and given != gate_size:
     raise ValueError(
         f'accumulate: microbatch_size={given}, but the gate counts microbatches of '
-        f'{gates} examples: give it once, to the gate (accumulate reads it there)'
+        f'{gate_size} examples: give it once, to the gate (accumulate reads it there)'
     )
-  return gates if given is None else given
+  return gate_size if given is None else given
 
 
 def _accumulator_dtype(requested: Any, param: jax.Array) -> Any:
