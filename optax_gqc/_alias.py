@@ -149,6 +149,8 @@ def gnts(
     gate = gates.critical_batch(
         0.5 if fraction is None else fraction, size, min_batch_size=2 * size
     )
+    # Without a size the gate counts in microbatches: no size for accumulate to report.
+    gate = gate._replace(microbatch_size=microbatch_size)
   elif threshold is None:
     gate = gates.any_of(
         gates.norm_below(ratio, relative=True),

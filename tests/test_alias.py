@@ -164,3 +164,9 @@ def test_gnts_absolute_threshold_with_a_valve_steps_on_the_norm_test():
     for _ in range(2):
       _, state = jax.jit(tx.update)(g, state)
     assert int(state.num_steps) == steps
+
+
+@pytest.mark.parametrize('size, reported', [(None, 0), (8, 8)])
+def test_default_gnts_reports_the_microbatch_size_it_was_given(size, reported):
+  state = optax_gqc.gnts(optax.sgd(0.1), microbatch_size=size).init({'w': jnp.zeros(2)})
+  assert int(optax_gqc.statistics(state)['microbatch_size']) == reported
