@@ -6,6 +6,7 @@ finishes is a run whose numbers held. The tests run them in quick mode, in memor
 temporary directory: nothing is written back.
 """
 
+import os
 import pathlib
 
 import nbformat
@@ -14,7 +15,8 @@ from nbclient import NotebookClient
 
 pytestmark = pytest.mark.slow
 
-NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / 'notebooks'
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / 'notebooks'
 NAMES = ['01_quickstart_gnts', '02_sgd_sai', '03_noise_scale']
 
 
@@ -42,11 +44,15 @@ def test_notebook_is_committed_without_outputs(name):
 @pytest.mark.parametrize('name', NAMES)
 def test_notebook_runs_and_passes_its_checks(name, monkeypatch, tmp_path):
   monkeypatch.setenv('OPTAX_GQC_NOTEBOOK_QUICK', '1')
+  # The kernel imports this checkout's package, not another installed copy.
+  path = os.environ.get('PYTHONPATH')
+  monkeypatch.setenv('PYTHONPATH', os.pathsep.join([str(ROOT), *([path] if path else [])]))
   monkeypatch.delenv('MPLBACKEND', raising=False)  # the kernel's inline backend draws the plots
   nb = read(name)
   # A failing cell, including a failing assert in the checks, raises CellExecutionError.
-  NotebookClient(nb, kernel_name='python3', timeout=300,
-                 resources={'metadata': {'path': str(tmp_path)}}).execute()
+  NotebookClient(
+      nb, kernel_name='python3', timeout=300, resources={'metadata': {'path': str(tmp_path)}}
+  ).execute()
   outputs = [out for cell in nb.cells if cell.cell_type == 'code' for out in cell.outputs]
   assert not [out for out in outputs if out.output_type == 'error']
   figures = [out for out in outputs if 'image/png' in out.get('data', {})]
