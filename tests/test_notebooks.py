@@ -6,12 +6,11 @@ finishes is a run whose numbers held. The tests run them in quick mode, in memor
 temporary directory: nothing is written back.
 """
 
+import importlib
 import os
 import pathlib
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 pytestmark = pytest.mark.slow
 
@@ -20,8 +19,13 @@ NOTEBOOKS = ROOT / 'notebooks'
 NAMES = ['01_quickstart_gnts', '02_sgd_sai', '03_noise_scale']
 
 
-def read(name: str) -> nbformat.NotebookNode:
-  return nbformat.read(NOTEBOOKS / f'{name}.ipynb', as_version=4)
+def read(name: str):
+  return nbformat().read(NOTEBOOKS / f'{name}.ipynb', as_version=4)
+
+
+def nbformat():
+  """The nbformat module, imported when a test needs it: its import takes seconds at collection."""
+  return importlib.import_module('nbformat')
 
 
 def test_the_notebooks_are_all_here():
@@ -31,7 +35,7 @@ def test_the_notebooks_are_all_here():
 @pytest.mark.parametrize('name', NAMES)
 def test_notebook_is_committed_without_outputs(name):
   nb = read(name)
-  nbformat.validate(nb)
+  nbformat().validate(nb)
   assert nb.metadata.kernelspec.name == 'python3'
   code = [cell for cell in nb.cells if cell.cell_type == 'code']
   assert code and nb.cells[0].cell_type == 'markdown'
@@ -50,7 +54,7 @@ def test_notebook_runs_and_passes_its_checks(name, monkeypatch, tmp_path):
   monkeypatch.delenv('MPLBACKEND', raising=False)  # the kernel's inline backend draws the plots
   nb = read(name)
   # A failing cell, including a failing assert in the checks, raises CellExecutionError.
-  NotebookClient(
+  importlib.import_module('nbclient').NotebookClient(
       nb, kernel_name='python3', timeout=300, resources={'metadata': {'path': str(tmp_path)}}
   ).execute()
   outputs = [out for cell in nb.cells if cell.cell_type == 'code' for out in cell.outputs]
