@@ -1,5 +1,6 @@
 """Tests of the torch-gqc recipe ports and scheduled_accumulation."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -173,6 +174,14 @@ def _params_after(tx, grads):
   return np.stack(out)
 
 
+def _program(tx):
+  """``tx``'s state and traced update on a fixed input: equal programs give equal numbers."""
+  params = {'w': jnp.zeros(6)}
+  state = tx.init(params)
+  closed = jax.make_jaxpr(tx.update)(params, state, params, value=1.0)
+  return state, str(closed.jaxpr), closed.consts
+
+
 @pytest.mark.parametrize('name', sorted(RECIPES))
 def test_the_former_names_of_the_counts_build_the_same_recipe(name):
   make, args, kwargs = RECIPES[name]
@@ -180,18 +189,18 @@ def test_the_former_names_of_the_counts_build_the_same_recipe(name):
   by_name = make(*args, total_microbatches=20, warmup_microbatches=4, **kwargs)
   by_alias = make(*args, total_steps=20, warmup_steps=4, **kwargs)
   mixed = make(*args, 20, warmup_steps=4, **kwargs)
-  grads = [{'w': g['w'] + 0.3} for g in sgd_grads(24, seed=5)]
-  want = _params_after(by_position, grads)
-  params = {'w': jnp.zeros(6)}
-  jaxpr = str(
-      jax.make_jaxpr(by_position.update)(params, by_position.init(params), params, value=1.0)
-  )
+  # The same init state and the same traced program, constants included, as by position.
+  state, jaxpr, consts = _program(by_position)
   for tx in (by_name, by_alias, mixed):
-    np.testing.assert_array_equal(_params_after(tx, grads), want)
-    assert str(jax.make_jaxpr(tx.update)(params, tx.init(params), params, value=1.0)) == jaxpr
+    got_state, got_jaxpr, got_consts = _program(tx)
+    chex.assert_trees_all_equal(got_state, state)
+    assert got_jaxpr == jaxpr
+    chex.assert_trees_all_equal(got_consts, consts)
   # The schedules end at the count however it was passed: a shorter run anneals sooner.
+  grads = [{'w': g['w'] + 0.3} for g in sgd_grads(24, seed=5)]
   assert not np.array_equal(
-      _params_after(make(*args, total_steps=10, warmup_steps=4, **kwargs), grads), want
+      _params_after(make(*args, total_steps=10, warmup_steps=4, **kwargs), grads),
+      _params_after(by_position, grads),
   )
 
 
