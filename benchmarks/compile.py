@@ -14,7 +14,9 @@ trace is reused, with JAX's persistent compilation cache off. *Trace* is
 ``jax.jit(step).lower(...)`` (tracing and lowering to StableHLO), *compile* is
 ``.compile()`` (XLA's optimization and code generation). Beside each time the
 size of the optimized program: its HLO instructions, fusions and conditionals
-in ``compiled.as_text()``.
+in ``compiled.as_text()``. A reference row, ``cond_floor``, is adamw in a bare
+``lax.cond`` with an accumulator and nothing else: what any accumulation that
+steps in one cond compiles to here. It has no target.
 
 Targets, ratios within one run at every depth: ``gnts`` at most 1.5x
 ``optax.adamw``'s trace+compile time, on the Optax path and fused; every other
@@ -49,6 +51,7 @@ LABELS = {
     'gnts_fused': 'gnts(adamw), fused update_and_apply',
     'critical': 'accumulate(adamw, critical_batch(0.5, 1))',
     'noise_ratio': 'noise_ratio_accumulation(adamw, 0.1)',
+    'cond_floor': 'reference: adamw in a bare lax.cond, every 8',
 }
 
 # The candidates held to within GATE_RATIO of gnts on the Optax path.
@@ -75,6 +78,34 @@ def loss_fn(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
   return jnp.mean(jnp.square(x - y))
 
 
+def cond_floor(inner: optax.GradientTransformation, every: int) -> optax.GradientTransformation:
+  """The least a cond-based accumulation compiles to: a sum, a count, ``inner`` in a cond.
+
+  No norm, no gate, no statistics, no checks: what any accumulation that runs
+  its optimizer in one ``lax.cond`` costs to compile on this backend. Not a
+  usable optimizer, a reference row.
+  """
+
+  def init(params):
+    return jnp.zeros([], jnp.int32), optax.tree.zeros_like(params), inner.init(params)
+
+  def update(grads, state, params=None):
+    count, acc, inner_state = state
+    acc = jax.tree.map(lambda a, g: jnp.where(count == 0, g, a + g), acc, grads)
+    step = count + 1 >= every
+
+    def do_step(acc, inner_state, params):
+      return inner.update(jax.tree.map(lambda a: a / every, acc), inner_state, params)
+
+    def do_accumulate(acc, inner_state, params):
+      return optax.tree.zeros_like(acc), inner_state
+
+    updates, inner_state = jax.lax.cond(step, do_step, do_accumulate, acc, inner_state, params)
+    return updates, (jnp.where(step, 0, count + 1), acc, inner_state)
+
+  return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(name: str) -> tuple[optax.GradientTransformation, bool]:
   """A fresh ``(optimizer, fused)`` for a key of ``LABELS``."""
   adamw = optax.adamw(1e-3)
@@ -91,6 +122,8 @@ def make_optimizer(name: str) -> tuple[optax.GradientTransformation, bool]:
     return optax_gqc.accumulate(adamw, gates.critical_batch(0.5, 1)), False
   if name == 'noise_ratio':
     return optax_gqc.noise_ratio_accumulation(adamw, 0.1), False
+  if name == 'cond_floor':
+    return cond_floor(adamw, 8), False
   raise ValueError(f'unknown candidate {name!r}')
 
 

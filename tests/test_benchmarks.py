@@ -256,6 +256,7 @@ COMPILE_MET = {
     'gnts_fused': 1.45,
     'critical': 1.6,
     'noise_ratio': 1.65,
+    'cond_floor': 9.0,  # a reference row: no target reads it
 }
 
 
@@ -332,5 +333,6 @@ def test_compile_runs_on_a_tiny_model(load, tmp_path, capsys):
   for name, r in results.items():
     assert r['trace_s'] > 0 and r['compile_s'] > 0 and r['instructions'] > r['fusions'] > 0
     assert r['conditionals'] == (0 if name in ('adamw', 'multisteps') else 1), name
+  assert results['cond_floor']['instructions'] < results['gnts']['instructions']
   out = capsys.readouterr().out
   assert out.count('PASS') + out.count('FAIL') == len(data['targets']) == 5
