@@ -1,0 +1,79 @@
+"""Compile time of ``python -m optax_gqc.demo --quick``'s train program, against plain adamw.
+
+A record of the measurement behind docs/benchmarks.md ("The main job"), not a
+benchmark. It compiles the train block of the control arm and of the critical
+arm, as ``--quick`` sets them up, and the same block with ``optax.adamw``
+stepping on every microbatch and no accumulation: how much of the demo's
+compile time the engine adds to the model's own. Fresh functions each round,
+median of the rounds after the first:
+
+    python docs/compile/demo_quick.py [--rounds 4]
+"""
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from optax_gqc.demo import arms, cli, train
+from optax_gqc.demo.model import CharTransformer, param_loss
+
+
+def plain_block(graphdef, params, opt_state, batches):
+  """The train block with adamw on every microbatch: the model's forward and backward alone."""
+  tx = optax.adamw(1e-3)
+
+  def body(carry, batch):
+    params, opt_state = carry
+    loss, grads = jax.value_and_grad(param_loss)(params, graphdef, batch)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), loss
+
+  return jax.lax.scan(body, (params, opt_state), batches)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--rounds', type=int, default=4)
+  rounds = parser.parse_args(argv).rounds
+  args = cli.parse_args(['--quick'])
+  setup = arms.Setup(args.microbatch, 1200, args.warmup, args.weight_decay)
+  model = CharTransformer(args.dim, args.layers, args.heads, args.context, nnx.Rngs(0))
+  graphdef, params = nnx.split(model, nnx.Param)
+  batches = jax.ShapeDtypeStruct((8, args.microbatch, args.context + 1), jnp.int32)
+
+  def adamw():
+    state = optax.adamw(1e-3).init(params)
+    block = jax.jit(lambda *a: plain_block(*a), static_argnums=0)  # a fresh function
+    return block.lower(graphdef, params, state, batches)
+
+  def arm(name):
+    spec = dict(arms.ARMS[name])
+    knobs = arms.arm_knobs(spec, args, arms.size_name((args.dim, args.layers)))
+    state = arms.make_optimizer(spec, knobs, setup).init(params)
+    block = jax.jit(lambda *a: train.train_block(*a), static_argnums=(0, 1, 2))
+    return block.lower(
+        arms.program_spec(spec), graphdef, setup, params, state, train.as_arrays(knobs), batches
+    )
+
+  programs = {
+      'adamw': adamw,
+      'control': lambda: arm('control'),
+      'critical': lambda: arm('critical'),
+  }
+  seconds = {name: [] for name in programs}
+  for _ in range(rounds):
+    for name, lower in programs.items():
+      start = time.perf_counter()
+      lower().compile()
+      seconds[name].append(time.perf_counter() - start)
+  for name, s in seconds.items():
+    print(f'{name:9s} {statistics.median(s[1:]):6.2f} s trace + compile  (rounds: {s})')
+
+
+if __name__ == '__main__':
+  main()
