@@ -11,3 +11,12 @@ def pytest_collection_modifyitems(items):
   for item in items:
     if HERE in pathlib.Path(item.path).resolve().parents:
       item.add_marker(pytest.mark.slow)
+
+
+def pytest_ignore_collect(collection_path, config):
+  # Every test here is slow (above): the fast tier (-m 'not slow') does not
+  # import torch and the references (nor --doctest-modules these modules) only
+  # to deselect all of them.
+  if config.getoption('markexpr') == 'not slow' and collection_path.name != 'conftest.py':
+    return True
+  return None
