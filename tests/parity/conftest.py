@@ -14,9 +14,8 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_ignore_collect(collection_path, config):
-  # Every test here is slow (above): the fast tier (-m 'not slow') does not
-  # import torch and the references (nor --doctest-modules these modules) only
-  # to deselect all of them.
+  # Every test here is slow (above): the fast tier (-m 'not slow') skips these
+  # modules rather than import torch and the references to deselect them all.
   if config.getoption('markexpr') == 'not slow' and collection_path.name != 'conftest.py':
     return True
   return None
