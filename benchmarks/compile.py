@@ -8,7 +8,8 @@ machine mean little.
     python benchmarks/compile.py [--json out.json] [--leaves 8 32 128] [--rounds 3]
 
 The step is the whole of a training step: the loss's gradient, the optimizer's
-update and its application, jitted with the parameters and the state donated.
+update and its application (the loss gate, ``loss_interval``, also gets the
+loss, ``value=loss``), jitted with the parameters and the state donated.
 Each measurement builds a fresh optimizer and a fresh step function, so that no
 trace is reused, with JAX's persistent compilation cache off. *Trace* is
 ``jax.jit(step).lower(...)`` (tracing and lowering to StableHLO), *compile* is
@@ -51,11 +52,12 @@ LABELS = {
     'gnts_fused': 'gnts(adamw), fused update_and_apply',
     'critical': 'accumulate(adamw, critical_batch(0.5, 1))',
     'noise_ratio': 'noise_ratio_accumulation(adamw, 0.1)',
+    'loss_interval': 'accumulate(adamw, loss_interval(0.95, 0.1))',
     'cond_floor': 'reference: adamw in a bare lax.cond, every 8',
 }
 
 # The candidates held to within GATE_RATIO of gnts on the Optax path.
-GATES = ('sbc', 'critical', 'noise_ratio')
+GATES = ('sbc', 'critical', 'noise_ratio', 'loss_interval')
 GNTS_RATIO = 1.5
 GATE_RATIO = 1.2
 
@@ -122,15 +124,21 @@ def make_optimizer(name: str) -> tuple[optax.GradientTransformation, bool]:
     return optax_gqc.accumulate(adamw, gates.critical_batch(0.5, 1)), False
   if name == 'noise_ratio':
     return optax_gqc.noise_ratio_accumulation(adamw, 0.1), False
+  if name == 'loss_interval':
+    return optax_gqc.accumulate(adamw, gates.loss_interval(0.95, 0.1)), False
   if name == 'cond_floor':
     return cond_floor(adamw, 8), False
   raise ValueError(f'unknown candidate {name!r}')
 
 
-def make_step(tx: optax.GradientTransformation, fused: bool) -> Callable:
-  """A fresh train step: loss gradient, optimizer update, apply."""
+def make_step(tx: optax.GradientTransformation, fused: bool, loss: bool = False) -> Callable:
+  """A fresh train step: loss gradient, optimizer update, apply; with ``loss``, ``value=loss``."""
 
   def step(params, state, x, y):
+    if loss:
+      value, grads = jax.value_and_grad(loss_fn)(params, x, y)
+      updates, state = tx.update(grads, state, params, value=value)
+      return optax.apply_updates(params, updates), state
     grads = jax.grad(loss_fn)(params, x, y)
     if fused:
       return optax_gqc.update_and_apply(tx, grads, state, params)
@@ -155,7 +163,7 @@ def compile_once(name: str, params: Any) -> dict[str, Any]:
   tx, fused = make_optimizer(name)
   state = jax.eval_shape(tx.init, params)
   x = jax.ShapeDtypeStruct((8, WIDTH), jnp.float32)
-  step = jax.jit(make_step(tx, fused), donate_argnums=(0, 1))
+  step = jax.jit(make_step(tx, fused, loss=name == 'loss_interval'), donate_argnums=(0, 1))
   start = time.perf_counter()
   lowered = step.lower(params, state, x, x)
   traced = time.perf_counter()
