@@ -18,12 +18,14 @@ positive terms, free of cancellation however small it is. We sum that rest
 where it converges (:math:`y \\le 0.995`), and take one minus the finite
 sum elsewhere (the tail is then above 0.1). For :math:`\\nu > 512`, Hill's
 normal approximation takes over (G. W. Hill, Algorithm 395, Comm. ACM 13(10),
-1970): :math:`P(|T| > x) = \\operatorname{erfc}(z / \\sqrt 2)`, with :math:`z` a
-short rational function of :math:`w = (\\nu - \\frac12) \\log(1 + x^2/\\nu)`.
+1970): :math:`P(|T| > x) = \\operatorname{erfc}(z / \\sqrt 2)`, with :math:`z` the
+square root of :math:`w = (\\nu - \\frac12) \\log(1 + x^2/\\nu)` times a short rational
+function of :math:`w`.
 In float64 it is within 2e-11 of the exact tail there, down to tails of 1e-30;
 in float32 within 2e-5, from :math:`\\nu = 513` to :math:`2^{31} - 1`. It is a
-few scalar operations, where ``betainc`` (a continued fraction in a loop, 0.4%
-off at :math:`\\nu = 2000` in float32) compiled into every step of the loss gate.
+few scalar operations, where the ``betainc`` it replaces (a continued fraction in a
+loop, and 0.4% off at :math:`\\nu = 2000` on the float32 :math:`\\sin^2\\phi` it was
+given here) compiled into every step of the loss gate.
 """
 
 import jax
