@@ -135,14 +135,10 @@ def make_step(tx: optax.GradientTransformation, fused: bool, loss: bool = False)
   """A fresh train step: loss gradient, optimizer update, apply; with ``loss``, ``value=loss``."""
 
   def step(params, state, x, y):
-    if loss:
-      value, grads = jax.value_and_grad(loss_fn)(params, x, y)
-      updates, state = tx.update(grads, state, params, value=value)
-      return optax.apply_updates(params, updates), state
-    grads = jax.grad(loss_fn)(params, x, y)
+    value, grads = jax.value_and_grad(loss_fn)(params, x, y)  # value: dead code unless read
     if fused:
       return optax_gqc.update_and_apply(tx, grads, state, params)
-    updates, state = tx.update(grads, state, params)
+    updates, state = tx.update(grads, state, params, **({'value': value} if loss else {}))
     return optax.apply_updates(params, updates), state
 
   return step
