@@ -100,6 +100,7 @@ def two_sided_tail(x: jax.Array, df: jax.Array) -> jax.Array:
   return _elementwise(tail, x, df)
 
 
+@jax.jit  # one compile per shape: called eagerly, the bisection's loop compiled on every call
 def t_quantile(confidence: jax.Array, df: jax.Array) -> jax.Array:
   """The two-sided Student-t quantile, ``scipy.stats.t.ppf((1 + confidence) / 2, df)``.
 

@@ -1,6 +1,7 @@
 """The frontier study: its protocol on a small regression, and its arithmetic."""
 
 import functools
+import logging
 import math
 
 import jax
@@ -134,6 +135,14 @@ def test_paired_interval_is_the_t_interval_of_the_mean():
   assert got['high'] == pytest.approx(v.mean() + half, rel=1e-5)
   assert study.paired_interval([0.1])['low'] is None
   assert study.paired_interval([None])['mean'] is None
+
+
+def test_paired_interval_compiles_its_quantile_once(caplog):
+  study.paired_interval([0.1, 0.2, 0.3])
+  with jax.log_compiles(), caplog.at_level(logging.WARNING):
+    got = study.paired_interval([0.4, 0.1, 0.9, 0.3, 0.5])  # other values, another df
+  assert got['high'] > got['low']
+  assert not [r for r in caplog.records if 'Compiling' in r.getMessage()]
 
 
 @pytest.mark.parametrize(
