@@ -1,6 +1,12 @@
 """Configuration for the whole test run."""
 
 import importlib.util
+import os
+import shutil
+
+# A run that finds more than this in the cache folder empties it first. (JAX's
+# own size limit would scan the whole folder, under a file lock, at each write.)
+_CACHE_LIMIT_BYTES = 2**30
 
 
 def _missing(module: str) -> bool:
@@ -10,7 +16,37 @@ def _missing(module: str) -> bool:
     return True
 
 
+def _keep_compiled_programs(config) -> None:
+  """Keeps the suite's compiled programs between runs, in pytest's cache folder.
+
+  Most of the suite's time is XLA compiling, and most of its programs are the
+  same from one run to the next, so a second run reads them back. The folder
+  is ``.pytest_cache/d/jax_compilation_cache``: ``pytest --cache-clear`` starts
+  cold, ``-p no:cacheprovider`` turns the cache off, and a
+  ``JAX_COMPILATION_CACHE_DIR`` already set is left as it is. The subprocesses
+  the suite starts inherit the settings through the environment.
+  """
+  if 'JAX_COMPILATION_CACHE_DIR' in os.environ or getattr(config, 'cache', None) is None:
+    return
+  import jax
+
+  folder = config.cache.mkdir('jax_compilation_cache')
+  if 'PYTEST_XDIST_WORKER' not in os.environ:  # once per run, before any worker starts
+    if sum(f.stat().st_size for f in folder.iterdir()) > _CACHE_LIMIT_BYTES:
+      shutil.rmtree(folder)
+      folder.mkdir()
+  flags = {
+      'jax_compilation_cache_dir': str(folder),
+      'jax_persistent_cache_min_compile_time_secs': 0.0,  # every program, however quick
+      'jax_persistent_cache_min_entry_size_bytes': -1,
+  }
+  for name, value in flags.items():
+    os.environ[name.upper()] = str(value)
+    jax.config.update(name, value)
+
+
 def pytest_configure(config):
+  _keep_compiled_programs(config)
   # The PyTorch and Flax bridges raise ImportError on import without their
   # library, which would fail doctest collection of optax_gqc/. --ignore holds
   # for the whole run.
