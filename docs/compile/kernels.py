@@ -1,0 +1,103 @@
+"""What XLA:CPU's compile time follows: kernels, and the engine's per-leaf norms.
+
+A record of the measurements behind docs/benchmarks.md ("Where XLA:CPU spends
+the compile"), not a benchmark. Two modes:
+
+    python docs/compile/kernels.py compile NAME [--leaves 8] [--reps 10]
+    python docs/compile/kernels.py norms [--leaves 8 32] [--rounds 7]
+
+``compile`` lowers ``reps + 1`` fresh train steps of ``benchmarks/compile.py``'s
+candidate NAME, then compiles them, the first untimed, and prints the wall and
+CPU seconds per compile: run it under ``perf record -F 999 -g`` and read
+``perf report --children`` for the phases. ``norms`` compiles a step that only
+writes a float32 accumulator of the MLP's leaves, then the same step with the
+gradient's squared norm, then with the new sum's too, and prints the median
+compile time and the kernels (fusions) of each.
+"""
+
+import argparse
+import functools
+import pathlib
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / 'benchmarks'))
+import compile as bench  # noqa: E402  (benchmarks/compile.py)
+
+from optax_gqc._numerics import sq_norm  # noqa: E402
+
+
+def compile_many(name: str, leaves: int, reps: int) -> None:
+  shape = jax.eval_shape(functools.partial(bench.make_params, leaves))
+  x = jax.ShapeDtypeStruct((8, bench.WIDTH), jnp.float32)
+  lowered = []
+  for _ in range(reps + 1):
+    tx, fused = bench.make_optimizer(name)
+    state = jax.eval_shape(tx.init, shape)
+    step = jax.jit(bench.make_step(tx, fused), donate_argnums=(0, 1))
+    lowered.append(step.lower(shape, state, x, x))
+  lowered[0].compile()
+  wall, cpu = time.perf_counter(), time.process_time()
+  for low in lowered[1:]:
+    low.compile()
+  wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+  print(f'{name}, {leaves} leaves: {wall / reps:.3f} s wall, {cpu / reps:.3f} s CPU per compile')
+
+
+def write(acc, g, fresh):
+  return jax.tree.map(lambda a, b: jnp.where(fresh, b, a + b), acc, g)
+
+
+VARIANTS = {
+    'the accumulator write': write,
+    "+ the gradient's squared norm": lambda acc, g, fresh: (write(acc, g, fresh), sq_norm(g)),
+    "+ the new sum's": lambda acc, g, fresh: (
+        (new := write(acc, g, fresh)),
+        sq_norm(g),
+        sq_norm(new),
+    ),
+}
+
+
+def norms(leaves: list[int], rounds: int) -> None:
+  for n in leaves:
+    shape = jax.eval_shape(functools.partial(bench.make_params, n))
+    flag = jax.ShapeDtypeStruct((), jnp.bool_)
+    times = {name: [] for name in VARIANTS}
+    for r in range(rounds):
+      for name, fn in VARIANTS.items():
+        step = jax.jit(lambda *a, fn=fn: fn(*a), donate_argnums=0)  # fresh: no reuse
+        low = step.lower(shape, shape, flag)
+        start = time.perf_counter()
+        compiled = low.compile()
+        if r:  # the first round is untimed
+          times[name].append(time.perf_counter() - start)
+        fusions = bench.hlo_size(compiled.as_text())['fusions']
+        if r == rounds - 1:
+          seconds = statistics.median(times[name])
+          print(f'{n:4d} leaves  {name:32s} {seconds:.3f} s  {fusions} kernels')
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  sub = parser.add_subparsers(dest='mode', required=True)
+  one = sub.add_parser('compile')
+  one.add_argument('name', choices=sorted(bench.LABELS))
+  one.add_argument('--leaves', type=int, default=8)
+  one.add_argument('--reps', type=int, default=10)
+  toy = sub.add_parser('norms')
+  toy.add_argument('--leaves', type=int, nargs='+', default=[8, 32])
+  toy.add_argument('--rounds', type=int, default=7)
+  args = parser.parse_args(argv)
+  if args.mode == 'compile':
+    compile_many(args.name, args.leaves, args.reps)
+  else:
+    norms(args.leaves, args.rounds)
+
+
+if __name__ == '__main__':
+  main()
