@@ -154,14 +154,20 @@ def hlo_size(text: str) -> dict[str, int]:
   }
 
 
-def compile_once(name: str, params: Any) -> dict[str, Any]:
-  """Seconds to trace and to compile a fresh step, and the compiled program's size."""
+def fresh_step(name: str, params: Any) -> tuple[Callable, tuple]:
+  """Candidate ``name``'s jitted train step, not yet traced, and the shapes to lower it on."""
   tx, fused = make_optimizer(name)
   state = jax.eval_shape(tx.init, params)
   x = jax.ShapeDtypeStruct((8, WIDTH), jnp.float32)
   step = jax.jit(make_step(tx, fused, loss=name == 'loss_interval'), donate_argnums=(0, 1))
+  return step, (params, state, x, x)
+
+
+def compile_once(name: str, params: Any) -> dict[str, Any]:
+  """Seconds to trace and to compile a fresh step, and the compiled program's size."""
+  step, args = fresh_step(name, params)
   start = time.perf_counter()
-  lowered = step.lower(params, state, x, x)
+  lowered = step.lower(*args)
   traced = time.perf_counter()
   compiled = lowered.compile()
   done = time.perf_counter()

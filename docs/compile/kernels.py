@@ -33,13 +33,10 @@ from optax_gqc._numerics import sq_norm  # noqa: E402
 
 def compile_many(name: str, leaves: int, reps: int) -> None:
   shape = jax.eval_shape(functools.partial(bench.make_params, leaves))
-  x = jax.ShapeDtypeStruct((8, bench.WIDTH), jnp.float32)
   lowered = []
   for _ in range(reps + 1):
-    tx, fused = bench.make_optimizer(name)
-    state = jax.eval_shape(tx.init, shape)
-    step = jax.jit(bench.make_step(tx, fused), donate_argnums=(0, 1))
-    lowered.append(step.lower(shape, state, x, x))
+    step, args = bench.fresh_step(name, shape)
+    lowered.append(step.lower(*args))
   lowered[0].compile()
   wall, cpu = time.perf_counter(), time.process_time()
   for low in lowered[1:]:
