@@ -392,10 +392,10 @@ def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, appl
   float32 moments), as ``optax.MultiSteps`` does, so both branches agree.
   """
   grad_dtypes = jax.tree.map(lambda g: g.dtype, updates)
-  if not apply:  # the zero updates' shapes: a second trace of inner, so only here
-    out_shape, _ = jax.eval_shape(
-        functools.partial(_inner_update, inner, extra_args), updates, state.inner_state, params
-    )
+  # The zero updates take the shapes do_step records as lax.cond traces it,
+  # first. jax.eval_shape would trace inner again, as long as the first time:
+  # it is the fallback, should cond ever trace do_accumulate first.
+  step_shapes = []
 
   def do_step(accumulator, inner_state, params):
     mean = jax.tree.map(lambda acc, dt: (acc / n).astype(dt), accumulator, grad_dtypes)
@@ -408,12 +408,20 @@ def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, appl
       # n < 0 is a zero the compiler cannot see: see _numerics.rounded.
       new_updates = rounded(new_updates, (n < 0).astype(jnp.int32))
       return optax.apply_updates(params, new_updates), new_state, jnp.asarray(True)
+    step_shapes.append(jax.eval_shape(lambda: new_updates))
     return new_updates, new_state, jnp.asarray(True)
 
   def do_accumulate(accumulator, inner_state, params):
     del accumulator
-    out = params if apply else optax.tree.zeros_like(out_shape)
-    return out, inner_state, jnp.asarray(False)
+    if apply:
+      return params, inner_state, jnp.asarray(False)
+    if not step_shapes:
+      step_shapes.append(
+          jax.eval_shape(
+              functools.partial(_inner_update, inner, extra_args), updates, inner_state, params
+          )[0]
+      )
+    return optax.tree.zeros_like(step_shapes[0]), inner_state, jnp.asarray(False)
 
   return do_step, do_accumulate
 

@@ -458,6 +458,39 @@ def test_update_and_apply_equals_the_optax_path_bitwise(name):
     assert not np.array_equal(params['w'], PARAMS['w'])
 
 
+@pytest.mark.parametrize('cond_order', ['as_jax_traces_it', 'zero_branch_first'])
+def test_optax_path_traces_the_inner_optimizer_once(cond_order, monkeypatch):
+  """The zero updates take their shapes from the step branch's trace.
+
+  Should ``lax.cond`` trace the branch that only accumulates first, the engine
+  falls back to ``jax.eval_shape`` (a second trace), with the same result.
+  """
+  if cond_order == 'zero_branch_first':
+    cond = jax.lax.cond  # traces true_fun first; swapped, the zero branch is first
+    monkeypatch.setattr(
+        jax.lax, 'cond', lambda pred, t, f, *ops: cond(jnp.logical_not(pred), f, t, *ops)
+    )
+  traces = []
+  inner = optax.adam(1e-2)
+
+  def update(updates, state, params=None):
+    traces.append(1)
+    return inner.update(updates, state, params)
+
+  tx = optax_gqc.gnts(optax.GradientTransformation(inner.init, update), threshold=0.5, max_draws=3)
+  step = jax.jit(tx.update)
+  params, state = PARAMS, tx.init(PARAMS)
+  for g in grad_stream(8, seed=5):
+    updates, state = step(g, state, params)
+    params = optax.apply_updates(params, updates)
+  assert len(traces) == (1 if cond_order == 'as_jax_traces_it' else 2)
+  _, ref_state, ref_params = run(
+      optax_gqc.gnts(optax.adam(1e-2), threshold=0.5, max_draws=3), grad_stream(8, seed=5)
+  )[-1]
+  chex.assert_trees_all_equal(params, ref_params)
+  assert 0 < int(state.num_steps) == int(ref_state.num_steps) < 8  # both branches ran
+
+
 @pytest.mark.parametrize('clone', [copy.copy, copy.deepcopy])
 def test_a_copied_accumulation_keeps_its_fused_path(clone):
   tx = optax_gqc.sbc(optax.sgd(0.05), 2, 1)
