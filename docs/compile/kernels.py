@@ -1,10 +1,12 @@
 """What XLA:CPU's compile time follows: kernels, and the engine's per-leaf norms.
 
 A record of the measurements behind docs/benchmarks.md ("Where XLA:CPU spends
-the compile"), not a benchmark. Two modes:
+the compile"), not a benchmark. Four modes:
 
     python docs/compile/kernels.py compile NAME [--leaves 8] [--reps 10]
     python docs/compile/kernels.py norms [--leaves 8 32] [--rounds 7]
+    python docs/compile/kernels.py modules [NAME ...] [--leaves 8 32]
+    python docs/compile/kernels.py scalars [--outputs 1 10 20] [--rounds 5]
 
 ``compile`` lowers ``reps + 1`` fresh train steps of ``benchmarks/compile.py``'s
 candidate NAME, then compiles them, the first untimed, and prints the wall and
@@ -12,7 +14,12 @@ CPU seconds per compile: run it under ``perf record -F 999 -g`` and read
 ``perf report --children`` for the phases. ``norms`` compiles a step that only
 writes a float32 accumulator of the MLP's leaves, then the same step with the
 gradient's squared norm, then with the new sum's too, and prints the median
-compile time and the kernels (fusions) of each.
+compile time and the kernels (fusions) of each. ``modules`` counts the LLVM
+modules XLA emits for a candidate's step (its dump's optimized ``.ll`` files)
+beside its fusions: fusions that compute the same thing share one. ``scalars``
+compiles a toy step with ``--outputs`` scalar results, each a few ops with a
+division, returned as separate arrays, stacked into one vector
+(``jnp.stack``), or summed into one vector from padded copies (``jnp.pad``).
 """
 
 import argparse
@@ -20,6 +27,7 @@ import functools
 import pathlib
 import statistics
 import sys
+import tempfile
 import time
 
 import jax
@@ -29,6 +37,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / 'benchmarks'))
 import compile as bench  # noqa: E402  (benchmarks/compile.py)
 
 from optax_gqc._numerics import sq_norm  # noqa: E402
+
+WIDTH = bench.WIDTH
 
 
 def compile_many(name: str, leaves: int, reps: int) -> None:
@@ -79,6 +89,48 @@ def norms(leaves: list[int], rounds: int) -> None:
           print(f'{n:4d} leaves  {name:32s} {seconds:.3f} s  {fusions} kernels')
 
 
+def modules(names: list[str], leaves: list[int]) -> None:
+  for n in leaves:
+    shape = jax.eval_shape(functools.partial(bench.make_params, n))
+    for name in names:
+      step, args = bench.fresh_step(name, shape)
+      with tempfile.TemporaryDirectory() as dump:
+        compiled = step.lower(*args).compile(compiler_options={'xla_dump_to': dump})
+        emitted = len(list(pathlib.Path(dump).glob('*.ir-with-opt.ll')))
+      fusions = bench.hlo_size(compiled.as_text())['fusions']
+      print(f'{n:4d} leaves  {bench.LABELS[name]:48s} {fusions:5d} fusions  {emitted:3d} modules')
+
+
+def scalar_outputs(num: int, pack: str):
+  """A step of ``num`` scalar results from a matrix's squared norm, packed as ``pack``."""
+
+  def step(x, s):
+    norm = jnp.sum(x * x)
+    outs = [jnp.where(norm > i, s[i] * 1.5 + norm, s[i] - i) / (norm + i + 1) for i in range(num)]
+    if pack == 'separate':
+      return tuple(outs)
+    if pack == 'stack':
+      return jnp.stack(outs)
+    return sum(jnp.pad(o[None], (i, num - 1 - i)) for i, o in enumerate(outs))
+
+  return step
+
+
+def scalars(outputs: list[int], rounds: int) -> None:
+  x = jax.ShapeDtypeStruct((WIDTH, WIDTH), jnp.float32)
+  for num in outputs:
+    s = jax.ShapeDtypeStruct((num,), jnp.float32)
+    for pack in ('separate', 'stack', 'pad'):
+      times = []
+      for _ in range(rounds + 1):
+        low = jax.jit(scalar_outputs(num, pack)).lower(x, s)  # fresh: no reuse
+        start = time.perf_counter()
+        compiled = low.compile()
+        times.append(time.perf_counter() - start)
+      fusions = bench.hlo_size(compiled.as_text())['fusions']
+      print(f'{num:3d} outputs  {pack:8s} {statistics.median(times[1:]):.3f} s  {fusions} kernels')
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   sub = parser.add_subparsers(dest='mode', required=True)
@@ -89,11 +141,23 @@ def main(argv=None):
   toy = sub.add_parser('norms')
   toy.add_argument('--leaves', type=int, nargs='+', default=[8, 32])
   toy.add_argument('--rounds', type=int, default=7)
+  mods = sub.add_parser('modules')
+  mods.add_argument(
+      'names', nargs='*', metavar='NAME', help='of benchmarks/compile.py; all of them if none'
+  )
+  mods.add_argument('--leaves', type=int, nargs='+', default=[8, 32])
+  scal = sub.add_parser('scalars')
+  scal.add_argument('--outputs', type=int, nargs='+', default=[1, 10, 20])
+  scal.add_argument('--rounds', type=int, default=5)
   args = parser.parse_args(argv)
   if args.mode == 'compile':
     compile_many(args.name, args.leaves, args.reps)
-  else:
+  elif args.mode == 'norms':
     norms(args.leaves, args.rounds)
+  elif args.mode == 'modules':
+    modules(args.names or list(bench.LABELS), args.leaves)
+  else:
+    scalars(args.outputs, args.rounds)
 
 
 if __name__ == '__main__':
