@@ -465,6 +465,9 @@ def test_optax_path_traces_the_inner_optimizer_once(cond_order, monkeypatch):
   Should ``lax.cond`` trace the branch that only accumulates first, the engine
   falls back to ``jax.eval_shape`` (a second trace), with the same result.
   """
+  _, ref_state, ref_params = run(
+      optax_gqc.gnts(optax.adam(1e-2), threshold=0.5, max_draws=3), grad_stream(8, seed=5)
+  )[-1]
   if cond_order == 'zero_branch_first':
     cond = jax.lax.cond  # traces true_fun first; swapped, the zero branch is first
     monkeypatch.setattr(
@@ -484,9 +487,6 @@ def test_optax_path_traces_the_inner_optimizer_once(cond_order, monkeypatch):
     updates, state = step(g, state, params)
     params = optax.apply_updates(params, updates)
   assert len(traces) == (1 if cond_order == 'as_jax_traces_it' else 2)
-  _, ref_state, ref_params = run(
-      optax_gqc.gnts(optax.adam(1e-2), threshold=0.5, max_draws=3), grad_stream(8, seed=5)
-  )[-1]
   chex.assert_trees_all_equal(params, ref_params)
   assert 0 < int(state.num_steps) == int(ref_state.num_steps) < 8  # both branches ran
 

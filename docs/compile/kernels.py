@@ -14,7 +14,7 @@ CPU seconds per compile: run it under ``perf record -F 999 -g`` and read
 ``perf report --children`` for the phases. ``norms`` compiles a step that only
 writes a float32 accumulator of the MLP's leaves, then the same step with the
 gradient's squared norm, then with the new sum's too, and prints the median
-compile time and the kernels (fusions) of each. ``modules`` counts the LLVM
+compile time and the fusions of each. ``modules`` counts the LLVM
 modules XLA emits for a candidate's step (its dump's optimized ``.ll`` files)
 beside its fusions: fusions that compute the same thing share one. ``scalars``
 compiles a toy step with ``--outputs`` scalar results, each a few ops with a
@@ -86,7 +86,7 @@ def norms(leaves: list[int], rounds: int) -> None:
         fusions = bench.hlo_size(compiled.as_text())['fusions']
         if r == rounds - 1:
           seconds = statistics.median(times[name])
-          print(f'{n:4d} leaves  {name:32s} {seconds:.3f} s  {fusions} kernels')
+          print(f'{n:4d} leaves  {name:32s} {seconds:.3f} s  {fusions} fusions')
 
 
 def modules(names: list[str], leaves: list[int]) -> None:
@@ -128,7 +128,7 @@ def scalars(outputs: list[int], rounds: int) -> None:
         compiled = low.compile()
         times.append(time.perf_counter() - start)
       fusions = bench.hlo_size(compiled.as_text())['fusions']
-      print(f'{num:3d} outputs  {pack:8s} {statistics.median(times[1:]):.3f} s  {fusions} kernels')
+      print(f'{num:3d} outputs  {pack:8s} {statistics.median(times[1:]):.3f} s  {fusions} fusions')
 
 
 def main(argv=None):
