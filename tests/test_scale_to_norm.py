@@ -13,8 +13,8 @@ import optax_gqc
 def grads(num, dtype=jnp.float32):
   keys = jax.random.split(jax.random.key(3), num)
   return [
-      {'a': jax.random.normal(k, (4, 3)).astype(dtype), 'b': jnp.arange(3.0).astype(dtype)}
-      for k in keys
+      {'a': jax.random.normal(keys[i], (4, 3)).astype(dtype), 'b': jnp.arange(3.0).astype(dtype)}
+      for i in range(num)  # indexed: iterating compiles an unstack program per length
   ]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 import optax_gqc
 from optax_gqc import gates
+from tests._helpers import grad_stream
 
 PARAMS = {'w': jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), 'b': jnp.ones(3)}
 # The engine's own entries, pinned in test_accumulation.py: here, those of a gate that reports none.
@@ -19,8 +20,7 @@ ENGINE = set(
 
 
 def grads(num, seed=0):
-  keys = jax.random.split(jax.random.key(seed), num)
-  return [jax.tree.map(lambda p, k=k: jax.random.normal(k, p.shape), PARAMS) for k in keys]
+  return grad_stream(num, seed, params=PARAMS)
 
 
 def last_state(tx, num=5, **extra_args):
