@@ -7,7 +7,9 @@ the compile"), not a benchmark and not part of the package:
 
 ``packed(tx)`` keeps ``tx``'s arrays as they are and stores its scalars as one
 vector per dtype, written as a sum of padded copies (``jnp.pad``), which XLA
-fuses into one kernel; ``update`` reads them back by indexing. It prints
+fuses into one kernel; ``update`` reads them back by indexing (and traces
+``tx.init`` under ``jax.eval_shape`` for the state's structure, which its trace
+time includes: 0.003 s at 8 leaves, 0.01 s at 32). It prints
 trace+compile of ``benchmarks/compile.py``'s train step for adamw, ``gnts`` and
 ``gnts`` packed, with the bare cond for reference.
 """
