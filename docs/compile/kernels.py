@@ -38,8 +38,6 @@ import compile as bench  # noqa: E402  (benchmarks/compile.py)
 
 from optax_gqc._numerics import sq_norm  # noqa: E402
 
-WIDTH = bench.WIDTH
-
 
 def compile_many(name: str, leaves: int, reps: int) -> None:
   shape = jax.eval_shape(functools.partial(bench.make_params, leaves))
@@ -117,7 +115,7 @@ def scalar_outputs(num: int, pack: str):
 
 
 def scalars(outputs: list[int], rounds: int) -> None:
-  x = jax.ShapeDtypeStruct((WIDTH, WIDTH), jnp.float32)
+  x = jax.ShapeDtypeStruct((bench.WIDTH, bench.WIDTH), jnp.float32)
   for num in outputs:
     s = jax.ShapeDtypeStruct((num,), jnp.float32)
     for pack in ('separate', 'stack', 'pad'):
