@@ -12,6 +12,7 @@ Import this module only after the thread settings: it imports jax and torch.
 """
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -46,6 +47,7 @@ def tokens(cfg: Config, num: int, seed: int = 0) -> np.ndarray:
 # JAX.
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))  # one compile, not one per shape
 def init_params(cfg: Config, seed: int = 0) -> dict[str, Any]:
   d = cfg.width
   keys = iter(jax.random.split(jax.random.key(seed), 4 + 4 * cfg.layers))
