@@ -19,16 +19,13 @@ import pytest
 
 import optax_gqc
 from optax_gqc import gates
+from tests._helpers import grad_stream
 
 PARAMS = {'w': jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), 'b': jnp.ones(3)}
 
 
 def grads(num, seed=0):
-  keys = jax.random.split(jax.random.key(seed), num)
-  # Indexed: iterating over a key array compiles an unstack program per length.
-  return [
-      jax.tree.map(lambda p, k=keys[i]: jax.random.normal(k, p.shape), PARAMS) for i in range(num)
-  ]
+  return grad_stream(num, seed, params=PARAMS)
 
 
 def run_stats(tx, num=6, values=None, state_hook=None):
