@@ -173,6 +173,7 @@ def test_train_step_runs_on_a_tiny_transformer(tmp_path):
   path = tmp_path / 'out.json'
   tiny = (
       '--width 32 --layers 1 --heads 2 --context 8 --microbatch 2 --every 2 --rounds 1 --breakdown'
+      ' --settle 0'  # no pause between candidates: the test checks what is measured, not how fast
   )
   run = subprocess.run(
       [sys.executable, str(BENCHMARKS / 'train_step.py'), *tiny.split(), '--json', str(path)],
