@@ -1,0 +1,123 @@
+"""The least a GNTS step compiles to, built up a piece at a time to the engine's.
+
+A record of the measurement behind docs/benchmarks.md ("What the algorithm
+costs, and what the engine's state costs"), not a benchmark: the ``minimal``
+steps are not usable optimizers (no statistics, no noise scale, no checks).
+Each candidate is ``benchmarks/compile.py``'s train step on the Optax path,
+compiled fresh, interleaved in rounds with adamw's; the median trace + compile time of
+``--rounds`` (after one untimed round) and its ratio to adamw's. Run from the
+repository root:
+
+    python docs/compile/minimal.py [--leaves 8 32] [--rounds 5]
+"""
+
+import argparse
+import functools
+import pathlib
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / 'benchmarks'))
+import compile as bench  # noqa: E402  (benchmarks/compile.py)
+
+import optax_gqc  # noqa: E402
+from optax_gqc._numerics import sq_norm  # noqa: E402
+
+
+def minimal(
+    inner: optax.GradientTransformation, max_draws: int, relative: bool, finite: bool = False
+) -> optax.GradientTransformation:
+  """The bare cond, stepping on GNTS's decision and on nothing else.
+
+  With ``relative``, it steps when ``||mean|| <= 0.5 ||g||`` (both squared
+  norms, as `gnts`'s relative threshold reads them); otherwise when ``||mean||
+  <= 0.1``. With ``finite``, a microbatch with a non-finite norm is skipped.
+  """
+
+  def init(params):
+    return jnp.zeros([], jnp.int32), optax.tree.zeros_like(params), inner.init(params)
+
+  def update(grads, state, params=None):
+    count, acc, inner_state = state
+    grad_sq = sq_norm(grads)
+    ok = jnp.isfinite(grad_sq) if finite else jnp.asarray(True)
+    acc = jax.tree.map(lambda a, g: jnp.where(ok, jnp.where(count == 0, g, a + g), a), acc, grads)
+    n = count + 1
+    mean_sq = sq_norm(acc) / jnp.square(n.astype(jnp.float32))
+    bound = 0.25 * grad_sq if relative else 0.01
+    step = ok & ((mean_sq <= bound) | (n >= max_draws))
+
+    def do_step(acc, inner_state, params):
+      return inner.update(jax.tree.map(lambda a: a / n, acc), inner_state, params)
+
+    def do_accumulate(acc, inner_state, params):
+      return optax.tree.zeros_like(acc), inner_state
+
+    updates, inner_state = jax.lax.cond(step, do_step, do_accumulate, acc, inner_state, params)
+    return updates, (jnp.where(step, 0, jnp.where(ok, n, count)), acc, inner_state)
+
+  return optax.GradientTransformation(init, update)
+
+
+def adamw() -> optax.GradientTransformation:
+  return optax.adamw(1e-3)
+
+
+CANDIDATES = {
+    'optax.adamw': adamw,
+    'adamw in a bare cond, every 8': lambda: bench.cond_floor(adamw(), 8),
+    "+ the mean's norm: ||mean|| <= 0.1": lambda: minimal(adamw(), 64, relative=False),
+    "+ the gradient's: ||mean|| <= 0.5 ||g||": lambda: minimal(adamw(), 64, relative=True),
+    '+ the skip of a non-finite microbatch': lambda: minimal(
+        adamw(), 64, relative=True, finite=True
+    ),
+    'the engine: accumulate(adamw, norm_below(0.1))': lambda: optax_gqc.accumulate(
+        adamw(), optax_gqc.gates.norm_below(0.1)
+    ),
+    'gnts(adamw), its default gate': lambda: bench.make_optimizer('gnts')[0],
+}
+
+
+def compile_seconds(make, params) -> tuple[float, int]:
+  """Trace + compile seconds of a fresh train step with ``make()``, and its fusions."""
+  tx = make()
+  state = jax.eval_shape(tx.init, params)
+  x = jax.ShapeDtypeStruct((8, bench.WIDTH), jnp.float32)
+  step = jax.jit(bench.make_step(tx, False), donate_argnums=(0, 1))
+  start = time.perf_counter()
+  compiled = step.lower(params, state, x, x).compile()
+  return time.perf_counter() - start, bench.hlo_size(compiled.as_text())['fusions']
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--leaves', type=int, nargs='+', default=[8, 32])
+  parser.add_argument('--rounds', type=int, default=5)
+  args = parser.parse_args(argv)
+  for n in args.leaves:
+    params = jax.eval_shape(functools.partial(bench.make_params, n))
+    for make in CANDIDATES.values():  # untimed: what JAX builds once per process
+      compile_seconds(make, params)
+    times = {name: [] for name in CANDIDATES}
+    fusions = {}
+    for _ in range(args.rounds):
+      for name, make in CANDIDATES.items():
+        seconds, fusions[name] = compile_seconds(make, params)
+        times[name].append(seconds)
+    adamw_s = statistics.median(times['optax.adamw'])
+    for name in CANDIDATES:
+      seconds = statistics.median(times[name])
+      print(
+          f'{n:4d} leaves  {name:48s} {seconds:.3f} s  {seconds / adamw_s:5.2f}x adamw  '
+          f'{fusions[name]:4d} fusions',
+          flush=True,
+      )
+
+
+if __name__ == '__main__':
+  main()
