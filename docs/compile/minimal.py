@@ -3,10 +3,10 @@
 A record of the measurement behind docs/benchmarks.md ("What the algorithm
 costs, and what the engine's state costs"), not a benchmark: the ``minimal``
 steps are not usable optimizers (no statistics, no noise scale, no checks).
-Each candidate is ``benchmarks/compile.py``'s train step on the Optax path,
-compiled fresh, interleaved in rounds with adamw's; the median trace + compile time of
-``--rounds`` (after one untimed round) and its ratio to adamw's. Run from the
-repository root:
+Each candidate is ``benchmarks/compile.py``'s train step, on the Optax path or
+fused, compiled fresh and interleaved in rounds with adamw's; the table gives
+the median trace + compile time of ``--rounds`` (after one untimed round) and
+its ratio to adamw's. Run from the repository root:
 
     python docs/compile/minimal.py [--leaves 8 32] [--rounds 5]
 """
@@ -26,23 +26,26 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / 'benchmarks'))
 import compile as bench  # noqa: E402  (benchmarks/compile.py)
 
 import optax_gqc  # noqa: E402
+from optax_gqc._accumulation import AccumulationTransformation  # noqa: E402
 from optax_gqc._numerics import sq_norm  # noqa: E402
 
 
 def minimal(
     inner: optax.GradientTransformation, max_draws: int, relative: bool, finite: bool = False
-) -> optax.GradientTransformation:
+) -> AccumulationTransformation:
   """The bare cond, stepping on GNTS's decision and on nothing else.
 
   With ``relative``, it steps when ``||mean|| <= 0.5 ||g||`` (both squared
   norms, as `gnts`'s relative threshold reads them); otherwise when ``||mean||
   <= 0.1``. With ``finite``, a microbatch with a non-finite norm is skipped.
+  Like the engine, it has a fused path (:func:`optax_gqc.update_and_apply`),
+  whose cond returns the new parameters.
   """
 
   def init(params):
     return jnp.zeros([], jnp.int32), optax.tree.zeros_like(params), inner.init(params)
 
-  def update(grads, state, params=None):
+  def step_fn(grads, state, params, apply):
     count, acc, inner_state = state
     grad_sq = sq_norm(grads)
     ok = jnp.isfinite(grad_sq) if finite else jnp.asarray(True)
@@ -53,42 +56,60 @@ def minimal(
     step = ok & ((mean_sq <= bound) | (n >= max_draws))
 
     def do_step(acc, inner_state, params):
-      return inner.update(jax.tree.map(lambda a: a / n, acc), inner_state, params)
+      updates, inner_state = inner.update(jax.tree.map(lambda a: a / n, acc), inner_state, params)
+      return (optax.apply_updates(params, updates) if apply else updates), inner_state
 
     def do_accumulate(acc, inner_state, params):
-      return optax.tree.zeros_like(acc), inner_state
+      return (params if apply else optax.tree.zeros_like(acc)), inner_state
 
-    updates, inner_state = jax.lax.cond(step, do_step, do_accumulate, acc, inner_state, params)
-    return updates, (jnp.where(step, 0, jnp.where(ok, n, count)), acc, inner_state)
+    out, inner_state = jax.lax.cond(step, do_step, do_accumulate, acc, inner_state, params)
+    return out, (jnp.where(step, 0, jnp.where(ok, n, count)), acc, inner_state)
 
-  return optax.GradientTransformation(init, update)
+  return AccumulationTransformation(
+      init,
+      lambda grads, state, params=None: step_fn(grads, state, params, apply=False),
+      lambda grads, state, params: step_fn(grads, state, params, apply=True),
+  )
 
 
 def adamw() -> optax.GradientTransformation:
   return optax.adamw(1e-3)
 
 
+def _minimal_with_skip() -> AccumulationTransformation:
+  return minimal(adamw(), 64, relative=True, finite=True)
+
+
+def _gnts() -> optax.GradientTransformation:
+  return bench.make_optimizer('gnts')[0]
+
+
+# name: (the optimizer, whether the step goes through update_and_apply)
 CANDIDATES = {
-    'optax.adamw': adamw,
-    'adamw in a bare cond, every 8': lambda: bench.cond_floor(adamw(), 8),
-    "+ the mean's norm: ||mean|| <= 0.1": lambda: minimal(adamw(), 64, relative=False),
-    "+ the gradient's: ||mean|| <= 0.5 ||g||": lambda: minimal(adamw(), 64, relative=True),
-    '+ the skip of a non-finite microbatch': lambda: minimal(
-        adamw(), 64, relative=True, finite=True
+    'optax.adamw': (adamw, False),
+    'adamw in a bare cond, every 8': (lambda: bench.cond_floor(adamw(), 8), False),
+    "+ the mean's norm: ||mean|| <= 0.1": (lambda: minimal(adamw(), 64, relative=False), False),
+    "+ the gradient's: ||mean|| <= 0.5 ||g||": (
+        lambda: minimal(adamw(), 64, relative=True),
+        False,
     ),
-    'the engine: accumulate(adamw, norm_below(0.1))': lambda: optax_gqc.accumulate(
-        adamw(), optax_gqc.gates.norm_below(0.1)
+    '+ the skip of a non-finite microbatch': (_minimal_with_skip, False),
+    'the engine: accumulate(adamw, norm_below(0.1))': (
+        lambda: optax_gqc.accumulate(adamw(), optax_gqc.gates.norm_below(0.1)),
+        False,
     ),
-    'gnts(adamw), its default gate': lambda: bench.make_optimizer('gnts')[0],
+    'gnts(adamw), its default gate': (_gnts, False),
+    'fused: the minimal step, with the skip': (_minimal_with_skip, True),
+    'fused: gnts(adamw)': (_gnts, True),
 }
 
 
-def compile_seconds(make, params) -> tuple[float, int]:
+def compile_seconds(make, fused: bool, params) -> tuple[float, int]:
   """Trace + compile seconds of a fresh train step with ``make()``, and its fusions."""
   tx = make()
   state = jax.eval_shape(tx.init, params)
   x = jax.ShapeDtypeStruct((8, bench.WIDTH), jnp.float32)
-  step = jax.jit(bench.make_step(tx, False), donate_argnums=(0, 1))
+  step = jax.jit(bench.make_step(tx, fused), donate_argnums=(0, 1))
   start = time.perf_counter()
   compiled = step.lower(params, state, x, x).compile()
   return time.perf_counter() - start, bench.hlo_size(compiled.as_text())['fusions']
@@ -101,13 +122,13 @@ def main(argv=None):
   args = parser.parse_args(argv)
   for n in args.leaves:
     params = jax.eval_shape(functools.partial(bench.make_params, n))
-    for make in CANDIDATES.values():  # untimed: what JAX builds once per process
-      compile_seconds(make, params)
+    for make, fused in CANDIDATES.values():  # untimed: what JAX builds once per process
+      compile_seconds(make, fused, params)
     times = {name: [] for name in CANDIDATES}
     fusions = {}
     for _ in range(args.rounds):
-      for name, make in CANDIDATES.items():
-        seconds, fusions[name] = compile_seconds(make, params)
+      for name, (make, fused) in CANDIDATES.items():
+        seconds, fusions[name] = compile_seconds(make, fused, params)
         times[name].append(seconds)
     adamw_s = statistics.median(times['optax.adamw'])
     for name in CANDIDATES:
