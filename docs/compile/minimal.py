@@ -26,13 +26,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / 'benchmarks'))
 import compile as bench  # noqa: E402  (benchmarks/compile.py)
 
 import optax_gqc  # noqa: E402
-from optax_gqc._accumulation import AccumulationTransformation  # noqa: E402
 from optax_gqc._numerics import sq_norm  # noqa: E402
 
 
 def minimal(
     inner: optax.GradientTransformation, max_draws: int, relative: bool, finite: bool = False
-) -> AccumulationTransformation:
+) -> optax_gqc.AccumulationTransformation:
   """The bare cond, stepping on GNTS's decision and on nothing else.
 
   With ``relative``, it steps when ``||mean|| <= 0.5 ||g||`` (both squared
@@ -65,7 +64,7 @@ def minimal(
     out, inner_state = jax.lax.cond(step, do_step, do_accumulate, acc, inner_state, params)
     return out, (jnp.where(step, 0, jnp.where(ok, n, count)), acc, inner_state)
 
-  return AccumulationTransformation(
+  return optax_gqc.AccumulationTransformation(
       init,
       lambda grads, state, params=None: step_fn(grads, state, params, apply=False),
       lambda grads, state, params: step_fn(grads, state, params, apply=True),
@@ -76,7 +75,7 @@ def adamw() -> optax.GradientTransformation:
   return optax.adamw(1e-3)
 
 
-def _minimal_with_skip() -> AccumulationTransformation:
+def _minimal_with_skip() -> optax_gqc.AccumulationTransformation:
   return minimal(adamw(), 64, relative=True, finite=True)
 
 
