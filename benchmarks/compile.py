@@ -154,13 +154,20 @@ def hlo_size(text: str) -> dict[str, int]:
   }
 
 
+def jitted_step(
+    tx: optax.GradientTransformation, fused: bool, params: Any, loss: bool = False
+) -> tuple[Callable, tuple]:
+  """``tx``'s jitted train step, not yet traced, and the shapes to lower it on."""
+  state = jax.eval_shape(tx.init, params)
+  x = jax.ShapeDtypeStruct((8, WIDTH), jnp.float32)
+  step = jax.jit(make_step(tx, fused, loss=loss), donate_argnums=(0, 1))
+  return step, (params, state, x, x)
+
+
 def fresh_step(name: str, params: Any) -> tuple[Callable, tuple]:
   """Candidate ``name``'s jitted train step, not yet traced, and the shapes to lower it on."""
   tx, fused = make_optimizer(name)
-  state = jax.eval_shape(tx.init, params)
-  x = jax.ShapeDtypeStruct((8, WIDTH), jnp.float32)
-  step = jax.jit(make_step(tx, fused, loss=name == 'loss_interval'), donate_argnums=(0, 1))
-  return step, (params, state, x, x)
+  return jitted_step(tx, fused, params, loss=name == 'loss_interval')
 
 
 def compile_once(name: str, params: Any) -> dict[str, Any]:

@@ -105,12 +105,9 @@ CANDIDATES = {
 
 def compile_seconds(make, fused: bool, params) -> tuple[float, int]:
   """Trace + compile seconds of a fresh train step with ``make()``, and its fusions."""
-  tx = make()
-  state = jax.eval_shape(tx.init, params)
-  x = jax.ShapeDtypeStruct((8, bench.WIDTH), jnp.float32)
-  step = jax.jit(bench.make_step(tx, fused), donate_argnums=(0, 1))
+  step, args = bench.jitted_step(make(), fused, params)
   start = time.perf_counter()
-  compiled = step.lower(params, state, x, x).compile()
+  compiled = step.lower(*args).compile()
   return time.perf_counter() - start, bench.hlo_size(compiled.as_text())['fusions']
 
 
