@@ -23,7 +23,7 @@ import numpy as np
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._student_t import two_sided_tail
+from optax_gqc._student_t import quantile_by_df, two_sided_tail
 
 __all__ = [
     'DrawStats',
@@ -490,11 +490,14 @@ def loss_interval(
     m - q s \ge m (1 - p), \quad m + q s \le m (1 + p)
     \iff P(|T_n| > p m / s) \le 1 - \text{confidence}.
 
-  The right-hand form, the same test, needs one t tail probability on device
-  instead of the quantile :math:`q`. The losses are
-  kept as a running mean and sum of squared deviations (Welford's method),
-  combined exactly with the EMA: a few scalars, no list. The port of
-  torch-gqc's ``OptimizerWrapperMHT``.
+  At a constant ``confidence`` the gate tests the left-hand form, as
+  :math:`p m / s \ge q`, with :math:`q` for each :math:`n` from a table
+  computed once, on the host, at construction. Under a schedule (or
+  ``optax.inject_hyperparams``) it tests the right-hand form, the same test,
+  with one t tail probability on device. The losses are kept as a running
+  mean and sum of squared deviations (Welford's method), combined exactly
+  with the EMA: a few scalars, no list. The port of torch-gqc's
+  ``OptimizerWrapperMHT``.
 
   A loss that is NaN or infinite while the gradient is finite is left out of
   the test: the gate judges the finite losses alone (the microbatch's
@@ -521,6 +524,9 @@ def loss_interval(
     _checks.check_unit_interval('confidence', confidence)
   _checks.check_scalar_or_schedule('percent_error', percent_error)
   _checks.check_unit_interval('decay', decay)
+  # A constant confidence: its quantile for each n, from a table made once.
+  fixed = None if callable(confidence) else _checks.concrete_float('confidence', confidence)
+  quantile = None if fixed is None else quantile_by_df(fixed)
 
   def init():
     zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
@@ -577,8 +583,11 @@ def loss_interval(
     error = _value_at('percent_error', percent_error, stats.num_microbatches)
     bad = (_outside(conf, 0.0, 1.0), _outside(error))
     ratio = error * mean / scale
-    tail = two_sided_tail(jnp.maximum(ratio, 0.0), jnp.maximum(n, 1))
-    step = ~jnp.any(jnp.stack(bad)) & (n >= 1) & (ratio >= 0) & (tail <= 1.0 - conf)
+    if quantile is None:  # a schedule, or a value traced by inject_hyperparams
+      inside = two_sided_tail(jnp.maximum(ratio, 0.0), jnp.maximum(n, 1)) <= 1.0 - conf
+    else:
+      inside = ratio >= quantile(n)
+    step = ~jnp.any(jnp.stack(bad)) & (n >= 1) & (ratio >= 0) & inside
     return step, {
         'confidence': conf,
         'percent_error': error,

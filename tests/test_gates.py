@@ -81,11 +81,17 @@ def test_noise_ratio_and_norm_test_never_step_on_one_microbatch():
     assert decisions(tx, grads)[0] == [False, True, False, True, False]
 
 
-def test_loss_interval_gate_matches_torch_gqc_rule():
+@pytest.mark.parametrize('scheduled', [True, False], ids=['scheduled', 'constant'])
+def test_loss_interval_gate_matches_torch_gqc_rule(scheduled):
+  # A scheduled confidence takes the t tail on device; a constant one, a table of quantiles.
   rng = np.random.default_rng(1)
   losses = (2.0 + 0.3 * rng.standard_normal(300)).astype(np.float32)
-  conf = schedules.cosine_with_warmup(0.9, 0.9, 20, 300)
-  error = schedules.cosine_with_warmup(0.08, 0.08, 20, 300)
+  if scheduled:
+    conf = schedules.cosine_with_warmup(0.9, 0.9, 20, 300)
+    error = schedules.cosine_with_warmup(0.08, 0.08, 20, 300)
+  else:
+    conf, error = 0.9, 0.08
+  value = lambda h, t: float(h(t)) if callable(h) else h  # noqa: E731
   grads = scaled_stream(np.ones(300))
   running = []
 
@@ -94,7 +100,7 @@ def test_loss_interval_gate_matches_torch_gqc_rule():
     running.append(loss if not running else running[-1] * 0.99 + loss * 0.01)
     judged = np.asarray([running[-1]] + history, np.float64)
     mean = judged.mean()
-    c, p = float(conf(t)), float(error(t))
+    c, p = value(conf, t), value(error, t)
     low, high = stats.t.interval(c, len(judged) - 1, loc=mean, scale=stats.sem(judged) + 1e-12)
     return not (low < mean * (1 - p) or high > mean * (1 + p))
 
@@ -102,10 +108,23 @@ def test_loss_interval_gate_matches_torch_gqc_rule():
   ours, state = decisions(tx, grads, losses)
   ref = reference(rule, [float(x) for x in losses], 32)
   assert ours == ref
-  assert 20 < sum(ours) < 290  # the warmup steps every time, then it accumulates
+  # The warmup steps every time, then it accumulates.
+  assert (20 if scheduled else 5) < sum(ours) < 290
   stats_now = optax_gqc.statistics(state)
   assert float(stats_now['loss_ema']) == pytest.approx(running[-1], rel=1e-5)
   assert float(stats_now['confidence']) == pytest.approx(0.9)
+
+
+def test_loss_interval_decides_alike_with_its_confidence_traced():
+  # inject_hyperparams traces the confidence: the t tail on device, against the table.
+  rng = np.random.default_rng(1)
+  losses = (2.0 + 0.3 * rng.standard_normal(300)).astype(np.float32)
+  grads = scaled_stream(np.ones(300))
+  kwargs = {'confidence': 0.9, 'percent_error': 0.08, 'max_draws': 32}
+  table, _ = decisions(optax_gqc.mht(optax.sgd(0.1), **kwargs), grads, losses)
+  injected = optax.inject_hyperparams(optax_gqc.mht, static_args=('max_draws',))
+  tail, _ = decisions(injected(optax.sgd(0.1), **kwargs), grads, losses)
+  assert table == tail and 5 < sum(table) < 290
 
 
 def test_loss_interval_needs_the_loss():

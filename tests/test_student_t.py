@@ -47,3 +47,12 @@ def test_two_sided_tail_of_an_infinite_x_is_zero():
   df = np.array([1, 2, 511, 512, 513, 10**6], np.int32)
   tails = np.asarray(jax.jit(_student_t.two_sided_tail)(np.full(df.shape, np.inf, np.float32), df))
   np.testing.assert_array_equal(tails, 0.0)
+
+
+@pytest.mark.parametrize('confidence', [0.0, 0.5, 0.9, 0.95, 0.999, 1 - 1e-6])
+def test_quantile_by_df_matches_scipy_in_its_table_and_beyond(confidence):
+  # The table up to df = 512, the Cornish-Fisher expansion from 513 to the largest int32.
+  df = np.concatenate([np.arange(1, 600), [1000, 10**5, 10**7, 2**31 - 1]]).astype(np.int32)
+  ours = np.asarray(jax.jit(_student_t.quantile_by_df(confidence))(df))
+  ref = stats.t.ppf(0.5 + 0.5 * confidence, df.astype(np.float64))
+  np.testing.assert_allclose(ours, ref, rtol=2e-7, atol=0)
