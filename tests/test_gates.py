@@ -108,7 +108,7 @@ def test_loss_interval_gate_matches_torch_gqc_rule(scheduled):
   ours, state = decisions(tx, grads, losses)
   ref = reference(rule, [float(x) for x in losses], 32)
   assert ours == ref
-  # The warmup steps every time, then it accumulates.
+  # Scheduled, the confidence warms up from 0 and steps every time; then it accumulates.
   assert (20 if scheduled else 5) < sum(ours) < 290
   stats_now = optax_gqc.statistics(state)
   assert float(stats_now['loss_ema']) == pytest.approx(running[-1], rel=1e-5)
