@@ -520,13 +520,14 @@ def loss_interval(
       string, a bool, a complex number).
   """
   _checks.check_scalar_or_schedule('confidence', confidence)
+  quantile = None  # a schedule, or a value traced by inject_hyperparams: the t tail
   if not callable(confidence):
     _checks.check_unit_interval('confidence', confidence)
+    fixed = _checks.concrete_float('confidence', confidence)
+    if fixed is not None:  # a constant: its quantile for each n, from a table made once
+      quantile = quantile_by_df(fixed)
   _checks.check_scalar_or_schedule('percent_error', percent_error)
   _checks.check_unit_interval('decay', decay)
-  # A constant confidence: its quantile for each n, from a table made once.
-  fixed = None if callable(confidence) else _checks.concrete_float('confidence', confidence)
-  quantile = None if fixed is None else quantile_by_df(fixed)
 
   def init():
     zero = lambda: jnp.zeros([], jnp.float32)  # noqa: E731
