@@ -1,13 +1,14 @@
 """Compile time of ``python -m optax_gqc.demo --quick``'s train program, against plain adamw.
 
 A record of the measurement behind docs/benchmarks.md ("The main job"), not a
-benchmark. It compiles the train block of the control arm and of the critical
-arm, as ``--quick`` sets them up, and the same block with ``optax.adamw``
+benchmark. It compiles the train block of the control, critical and gnts
+arms, as ``--quick`` sets them up (with ``--default-model``, as the main job
+does: its default model), and the same block with ``optax.adamw``
 stepping on every microbatch and no accumulation: how much of the demo's
 compile time the engine adds to the model's own. Fresh functions each round,
 median of the rounds after the first:
 
-    python docs/compile/demo_quick.py [--rounds 4]
+    python docs/compile/demo_quick.py [--rounds 4] [--default-model]
 """
 
 import argparse
@@ -39,8 +40,10 @@ def plain_block(graphdef, params, opt_state, batches):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=4)
-  rounds = parser.parse_args(argv).rounds
-  args = cli.parse_args(['--quick'])
+  parser.add_argument('--default-model', action='store_true', help="the main job's model")
+  options = parser.parse_args(argv)
+  rounds = options.rounds
+  args = cli.parse_args([] if options.default_model else ['--quick'])
   setup = arms.Setup(args.microbatch, 1200, args.warmup, args.weight_decay)
   model = CharTransformer(args.dim, args.layers, args.heads, args.context, nnx.Rngs(0))
   graphdef, params = nnx.split(model, nnx.Param)
@@ -64,6 +67,7 @@ def main(argv=None):
       'adamw': adamw,
       'control': lambda: arm('control'),
       'critical': lambda: arm('critical'),
+      'gnts': lambda: arm('gnts'),
   }
   seconds = {name: [] for name in programs}
   for _ in range(rounds):
