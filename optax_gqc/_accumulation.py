@@ -16,7 +16,7 @@ import optax
 
 from optax_gqc import _checks, _noise_scale
 from optax_gqc._noise_scale import NoiseScaleState
-from optax_gqc._numerics import rounded, sq_norm
+from optax_gqc._numerics import one_kernel, rounded, sq_norm
 from optax_gqc.gates import DrawStats, Gate
 
 
@@ -317,7 +317,7 @@ def accumulate(
     grad_sq = sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
     accumulator = _add(state.accumulator, updates, ok, fresh=state.num_draws == 0)
-    stats = _draw_stats(state, grad_sq, sq_norm(accumulator, axis_name))
+    stats = one_kernel(_draw_stats(state, grad_sq, sq_norm(accumulator, axis_name)))
 
     # When it steps: the gate opens, or max_draws forces it, never on a
     # rejected microbatch.
@@ -338,11 +338,11 @@ def accumulate(
         step, do_step, do_accumulate, accumulator, state.inner_state, params
     )
     new_state = _count(state, stats, ok, stepped, forced, max_draws, noise_decay)
-    return out, new_state._replace(
-        gate_state=optax.tree.where(ok, gate_state, state.gate_state),
-        inner_state=inner_state,
-        accumulator=accumulator,
-    )
+    new_state = new_state._replace(gate_state=optax.tree.where(ok, gate_state, state.gate_state))
+    # The new scalars in one kernel: see _numerics.one_kernel.
+    buffers = dict(inner_state=None, accumulator=None)
+    new_state = one_kernel(new_state._replace(**buffers), state._replace(**buffers))
+    return out, new_state._replace(inner_state=inner_state, accumulator=accumulator)
 
   def update_fn(updates, state, params=None, **extra_args):
     return step_fn(updates, state, params, extra_args, apply=False)

@@ -93,3 +93,55 @@ def rounded(tree: Any, zero: jax.Array) -> Any:
     return jax.lax.bitcast_convert_type(raw + zero.astype(bits), x.dtype)
 
   return jax.tree.map(leaf, tree)
+
+
+def _identity_like(x: jax.Array) -> jax.Array:
+  """The identity of ``_add`` in ``x``'s dtype and weak type: -0.0 keeps a zero's sign."""
+  zero = jnp.zeros_like(x)
+  return -zero if jnp.issubdtype(x.dtype, jnp.inexact) else zero
+
+
+def _add(xs: tuple[jax.Array, ...], ys: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+  return tuple(x | y if x.dtype == jnp.bool_ else x + y for x, y in zip(xs, ys, strict=True))
+
+
+def one_kernel(new: Any, old: Any = None) -> Any:
+  """``new``, with its scalars (those it changed from ``old``) computed in one kernel.
+
+  XLA on the CPU gives each scalar a program returns a kernel of its own, with
+  its own copy of the scalar arithmetic the scalar reads, and compiles each
+  apart, a few milliseconds apiece. Each scalar paired with the identity, and
+  the pairs reduced in one variadic ``lax.reduce``, come out of one kernel,
+  each in its own buffer and equal to itself bit for bit. The leaves that are
+  ``old``'s own pass through, so that donated buffers stay in place, and so
+  do the leaves that are not scalars. ``new`` and ``old`` share a structure.
+  """
+  leaves, treedef = jax.tree.flatten(new)
+  olds = [None] * len(leaves) if old is None else treedef.flatten_up_to(old)
+  # A reduction per set of varying manual axes (JAX's rule) and per precision
+  # of float (XLA's); the ints and bools join a float's.
+  groups = {}  # varying axes -> float dtype or None -> where the scalars are
+  for i, (x, was) in enumerate(zip(leaves, olds, strict=True)):
+    if x is not was and isinstance(x, jax.Array) and x.ndim == 0:
+      inexact = jnp.issubdtype(x.dtype, jnp.inexact)
+      groups.setdefault(varying_axes(x), {}).setdefault(x.dtype if inexact else None, []).append(i)
+  for by_dtype in groups.values():
+    others = by_dtype.pop(None, [])
+    wheres = list(by_dtype.values()) or [[]]
+    wheres[0] += others
+    for where in wheres:
+      if len(where) > 1:
+        for i, y in zip(where, _packed(tuple(leaves[i] for i in where)), strict=True):
+          leaves[i] = y
+  return jax.tree.unflatten(treedef, leaves)
+
+
+@jax.custom_jvp  # the identity's: JAX differentiates no reduction over ints
+def _packed(xs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+  pairs = [jnp.stack([x, _identity_like(x)]) for x in xs]
+  return tuple(jax.lax.reduce(pairs, [_identity_like(x) for x in xs], _add, (0,)))
+
+
+@_packed.defjvp
+def _packed_jvp(primals, tangents):
+  return _packed(*primals), tangents[0]

@@ -19,7 +19,9 @@ modules XLA emits for a candidate's step (its dump's optimized ``.ll`` files)
 beside its fusions: fusions that compute the same thing share one. ``scalars``
 compiles a toy step with ``--outputs`` scalar results, each a few ops with a
 division, returned as separate arrays, stacked into one vector
-(``jnp.stack``), or summed into one vector from padded copies (``jnp.pad``).
+(``jnp.stack``), summed into one vector from padded copies (``jnp.pad``), or
+returned as separate arrays out of one variadic reduction (``one_kernel``, as
+the engine returns its state's scalars).
 """
 
 import argparse
@@ -36,7 +38,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / 'benchmarks'))
 import compile as bench  # noqa: E402  (benchmarks/compile.py)
 
-from optax_gqc._numerics import sq_norm  # noqa: E402
+from optax_gqc._numerics import one_kernel, sq_norm  # noqa: E402
 
 
 def compile_many(name: str, leaves: int, reps: int) -> None:
@@ -109,6 +111,8 @@ def scalar_outputs(num: int, pack: str):
       return tuple(outs)
     if pack == 'stack':
       return jnp.stack(outs)
+    if pack == 'reduce':
+      return one_kernel(tuple(outs), tuple(s))
     return sum(jnp.pad(o[None], (i, num - 1 - i)) for i, o in enumerate(outs))
 
   return step
@@ -118,7 +122,7 @@ def scalars(outputs: list[int], rounds: int) -> None:
   x = jax.ShapeDtypeStruct((bench.WIDTH, bench.WIDTH), jnp.float32)
   for num in outputs:
     s = jax.ShapeDtypeStruct((num,), jnp.float32)
-    for pack in ('separate', 'stack', 'pad'):
+    for pack in ('separate', 'stack', 'pad', 'reduce'):
       times = []
       for _ in range(rounds + 1):
         low = jax.jit(scalar_outputs(num, pack)).lower(x, s)  # fresh: no reuse
