@@ -4,6 +4,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _sq_abs(x: jax.Array) -> jax.Array:
@@ -95,10 +96,11 @@ def rounded(tree: Any, zero: jax.Array) -> Any:
   return jax.tree.map(leaf, tree)
 
 
-def _identity_like(x: jax.Array) -> jax.Array:
-  """The identity of ``_add`` in ``x``'s dtype and weak type: -0.0 keeps a zero's sign."""
-  zero = jnp.zeros_like(x)
-  return -zero if jnp.issubdtype(x.dtype, jnp.inexact) else zero
+def _identity(dtype: Any) -> np.ndarray:
+  """The identity of ``_add`` in ``dtype``: -0.0, which keeps a zero's sign, 0, or False."""
+  if jnp.issubdtype(dtype, jnp.complexfloating):
+    return np.array(complex(-0.0, -0.0), dtype)
+  return np.array(-0.0 if jnp.issubdtype(dtype, jnp.floating) else 0, dtype)
 
 
 def _add(xs: tuple[jax.Array, ...], ys: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
@@ -114,7 +116,8 @@ def one_kernel(new: Any, old: Any = None) -> Any:
   the pairs reduced in one variadic ``lax.reduce``, come out of one kernel,
   each in its own buffer and equal to itself bit for bit. The leaves that are
   ``old``'s own pass through, so that donated buffers stay in place, and so
-  do the leaves that are not scalars. ``new`` and ``old`` share a structure.
+  do the leaves that are not scalars, or weakly typed. ``new`` and ``old``
+  share a structure.
   """
   leaves, treedef = jax.tree.flatten(new)
   olds = [None] * len(leaves) if old is None else treedef.flatten_up_to(old)
@@ -122,7 +125,7 @@ def one_kernel(new: Any, old: Any = None) -> Any:
   # of float (XLA's); the ints and bools join a float's.
   groups = {}  # varying axes -> float dtype or None -> where the scalars are
   for i, (x, was) in enumerate(zip(leaves, olds, strict=True)):
-    if x is not was and isinstance(x, jax.Array) and x.ndim == 0:
+    if x is not was and isinstance(x, jax.Array) and x.ndim == 0 and not x.aval.weak_type:
       inexact = jnp.issubdtype(x.dtype, jnp.inexact)
       groups.setdefault(varying_axes(x), {}).setdefault(x.dtype if inexact else None, []).append(i)
   for by_dtype in groups.values():
@@ -138,8 +141,11 @@ def one_kernel(new: Any, old: Any = None) -> Any:
 
 @jax.custom_jvp  # the identity's: JAX differentiates no reduction over ints
 def _packed(xs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-  pairs = [jnp.stack([x, _identity_like(x)]) for x in xs]
-  return tuple(jax.lax.reduce(pairs, [_identity_like(x) for x in xs], _add, (0,)))
+  ids = [_identity(x.dtype) for x in xs]
+  pairs = [
+      jax.lax.pad(jax.lax.broadcast(x, (1,)), i, [(0, 1, 0)]) for x, i in zip(xs, ids, strict=True)
+  ]
+  return tuple(jax.lax.reduce(pairs, ids, _add, (0,)))
 
 
 @_packed.defjvp

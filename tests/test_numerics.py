@@ -38,27 +38,29 @@ def test_one_kernel_returns_each_scalar_bit_for_bit():
     np.testing.assert_array_equal(got.view(np.uint8), values.view(np.uint8), err_msg=name)
 
 
-def test_one_kernel_keeps_dtypes_and_weak_types_and_passes_old_leaves_through():
+def test_one_kernel_passes_old_leaves_arrays_and_weak_scalars_through():
   def check(old):
-    new = {'weak': old['weak'] + 1, 'strict': old['strict'] * 2, 'same': old['same']}
-    new['vector'] = old['vector'] + 1
+    new = dict(old, strict=old['strict'] * 2, count=old['count'] + 1)
+    new.update(weak=old['weak'] + 1, vector=old['vector'] + 1)
     out = one_kernel(new, old)
     assert out['same'] is old['same']  # a donated buffer stays where it is
-    assert out['vector'] is new['vector']  # not a scalar: left alone
-    assert out['weak'] is not new['weak'] and out['strict'] is not new['strict']
+    assert out['vector'] is new['vector'] and out['weak'] is new['weak']
+    assert out['strict'] is not new['strict'] and out['count'] is not new['count']
     return out
 
   old = {
-      'weak': jnp.asarray(1.0),
       'strict': jnp.float32(1.0),
+      'count': jnp.int32(0),
       'same': jnp.int32(7),
+      'weak': jnp.asarray(1.0),
       'vector': jnp.zeros(3),
   }
-  out = jax.eval_shape(check, old)
-  assert (out['weak'].dtype, out['weak'].weak_type) == (jnp.float32, True)
-  assert (out['strict'].dtype, out['strict'].weak_type) == (jnp.float32, False)
+  shapes = jax.eval_shape(check, old)
+  assert jax.tree.map(lambda x: (x.dtype, x.weak_type), shapes) == jax.tree.map(
+      lambda x: (x.dtype, x.aval.weak_type), old
+  )
   out = jax.jit(check)(old)
-  assert (float(out['weak']), float(out['strict']), int(out['same'])) == (2.0, 2.0, 7)
+  assert [float(out[k]) for k in ('strict', 'count', 'same', 'weak')] == [2.0, 1.0, 7.0, 2.0]
   np.testing.assert_array_equal(out['vector'], np.ones(3))
 
 
