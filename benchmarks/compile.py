@@ -13,7 +13,8 @@ loss, ``value=loss``), jitted with the parameters and the state donated.
 Each measurement builds a fresh optimizer and a fresh step function, so that no
 trace is reused, with JAX's persistent compilation cache off. *Trace* is
 ``jax.jit(step).lower(...)`` (tracing and lowering to StableHLO), *compile* is
-``.compile()`` (XLA's optimization and code generation). Beside each time the
+``.compile()`` (XLA's optimization and code generation), both timed with
+Python's garbage collector off. Beside each time the
 size of the optimized program: its HLO instructions, fusions and conditionals
 in ``compiled.as_text()``. A reference row, ``cond_floor``, is adamw in a bare
 ``lax.cond`` with an accumulator and nothing else: what any accumulation that
@@ -28,6 +29,7 @@ Exits with status 1 when a target fails.
 
 import argparse
 import functools
+import gc
 import re
 import statistics
 import sys
@@ -171,13 +173,23 @@ def fresh_step(name: str, params: Any) -> tuple[Callable, tuple]:
 
 
 def compile_once(name: str, params: Any) -> dict[str, Any]:
-  """Seconds to trace and to compile a fresh step, and the compiled program's size."""
+  """Seconds to trace and to compile a fresh step, and the compiled program's size.
+
+  Python's garbage collector is off while it times, as ``timeit`` turns it
+  off: a full collection takes about 60 ms here, and would otherwise fall on
+  whichever candidate happened to allocate past its threshold, round after round.
+  """
   step, args = fresh_step(name, params)
-  start = time.perf_counter()
-  lowered = step.lower(*args)
-  traced = time.perf_counter()
-  compiled = lowered.compile()
-  done = time.perf_counter()
+  gc.collect()
+  gc.disable()
+  try:
+    start = time.perf_counter()
+    lowered = step.lower(*args)
+    traced = time.perf_counter()
+    compiled = lowered.compile()
+    done = time.perf_counter()
+  finally:
+    gc.enable()
   return {'trace_s': traced - start, 'compile_s': done - traced, **hlo_size(compiled.as_text())}
 
 

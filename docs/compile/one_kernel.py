@@ -21,7 +21,6 @@ import pathlib
 import statistics
 import sys
 import tempfile
-import time
 
 import jax
 
@@ -38,22 +37,20 @@ def without(name: str) -> bool:
   return name.endswith(' without')
 
 
-def fresh(name: str, params):
-  """Candidate ``name``'s jitted step, and its shapes, with or without one_kernel."""
+def fresh(name: str) -> str:
+  """``name``'s candidate in compile.py, with one_kernel in place or replaced by the identity."""
   _accumulation.one_kernel = (lambda new, old=None: new) if without(name) else PACKED
-  return bench.fresh_step(name.removesuffix(' without'), params)
+  return name.removesuffix(' without')
 
 
 def seconds(name: str, params) -> float:
-  step, args = fresh(name, params)
-  start = time.perf_counter()
-  step.lower(*args).compile()
-  return time.perf_counter() - start
+  timed = bench.compile_once(fresh(name), params)
+  return timed['trace_s'] + timed['compile_s']
 
 
 def size(name: str, params) -> tuple[int, int]:
   """The fusions of the compiled step, and the kernels XLA emits for it."""
-  step, args = fresh(name, params)
+  step, args = bench.fresh_step(fresh(name), params)
   with tempfile.TemporaryDirectory() as dump:
     compiled = step.lower(*args).compile(compiler_options={'xla_dump_to': dump})
     kernels = len(list(pathlib.Path(dump).glob('*.ir-with-opt.ll')))
@@ -74,7 +71,7 @@ def main(argv=None):
         t = seconds(name, shapes[n])
         if r:
           runs[n, name].append(t)
-  print(f'median of {args.rounds} rounds; trace + compile, with the dump of the kernels')
+  print(f'trace + compile, median of {args.rounds} rounds; the fusions and kernels of one more')
   for n in args.leaves:
     base = statistics.median(runs[n, 'adamw'])
     for name in names:
