@@ -97,13 +97,13 @@ def rounded(tree: Any, zero: jax.Array) -> Any:
 
 
 def _identity(dtype: Any) -> np.ndarray:
-  """The identity of ``_add`` in ``dtype``: -0.0, which keeps a zero's sign, 0, or False."""
+  """The identity of ``_add_each`` in ``dtype``: -0.0, which keeps a zero's sign, 0, or False."""
   if jnp.issubdtype(dtype, jnp.complexfloating):
     return np.array(complex(-0.0, -0.0), dtype)
   return np.array(-0.0 if jnp.issubdtype(dtype, jnp.floating) else 0, dtype)
 
 
-def _add(xs: tuple[jax.Array, ...], ys: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+def _add_each(xs: tuple[jax.Array, ...], ys: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
   return tuple(x | y if x.dtype == jnp.bool_ else x + y for x, y in zip(xs, ys, strict=True))
 
 
@@ -145,7 +145,7 @@ def _packed(xs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
   pairs = [
       jax.lax.pad(jax.lax.broadcast(x, (1,)), i, [(0, 1, 0)]) for x, i in zip(xs, ids, strict=True)
   ]
-  return tuple(jax.lax.reduce(pairs, ids, _add, (0,)))
+  return tuple(jax.lax.reduce(pairs, ids, _add_each, (0,)))
 
 
 @_packed.defjvp
