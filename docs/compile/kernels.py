@@ -89,15 +89,19 @@ def norms(leaves: list[int], rounds: int) -> None:
           print(f'{n:4d} leaves  {name:32s} {seconds:.3f} s  {fusions} fusions')
 
 
+def fusions_and_modules(step, args) -> tuple[int, int]:
+  """The fusions of ``step`` compiled on ``args``, and the LLVM modules XLA emits for them."""
+  with tempfile.TemporaryDirectory() as dump:
+    compiled = step.lower(*args).compile(compiler_options={'xla_dump_to': dump})
+    emitted = len(list(pathlib.Path(dump).glob('*.ir-with-opt.ll')))
+  return bench.hlo_size(compiled.as_text())['fusions'], emitted
+
+
 def modules(names: list[str], leaves: list[int]) -> None:
   for n in leaves:
     shape = jax.eval_shape(functools.partial(bench.make_params, n))
     for name in names:
-      step, args = bench.fresh_step(name, shape)
-      with tempfile.TemporaryDirectory() as dump:
-        compiled = step.lower(*args).compile(compiler_options={'xla_dump_to': dump})
-        emitted = len(list(pathlib.Path(dump).glob('*.ir-with-opt.ll')))
-      fusions = bench.hlo_size(compiled.as_text())['fusions']
+      fusions, emitted = fusions_and_modules(*bench.fresh_step(name, shape))
       print(f'{n:4d} leaves  {bench.LABELS[name]:48s} {fusions:5d} fusions  {emitted:3d} modules')
 
 

@@ -20,12 +20,12 @@ import functools
 import pathlib
 import statistics
 import sys
-import tempfile
 
 import jax
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / 'benchmarks'))
 import compile as bench  # noqa: E402  (benchmarks/compile.py)
+import kernels  # noqa: E402  (docs/compile/kernels.py, beside this file)
 
 from optax_gqc import _accumulation  # noqa: E402
 
@@ -50,11 +50,7 @@ def seconds(name: str, params) -> float:
 
 def size(name: str, params) -> tuple[int, int]:
   """The fusions of the compiled step, and the kernels XLA emits for it."""
-  step, args = bench.fresh_step(fresh(name), params)
-  with tempfile.TemporaryDirectory() as dump:
-    compiled = step.lower(*args).compile(compiler_options={'xla_dump_to': dump})
-    kernels = len(list(pathlib.Path(dump).glob('*.ir-with-opt.ll')))
-  return bench.hlo_size(compiled.as_text())['fusions'], kernels
+  return kernels.fusions_and_modules(*bench.fresh_step(fresh(name), params))
 
 
 def main(argv=None):
