@@ -339,7 +339,8 @@ def accumulate(
     )
     new_state = _count(state, stats, ok, stepped, forced, max_draws, noise_decay)
     new_state = new_state._replace(gate_state=optax.tree.where(ok, gate_state, state.gate_state))
-    # The new scalars in one kernel: see _numerics.one_kernel.
+    # The new scalars in one kernel (see _numerics.one_kernel); the inner state
+    # and the accumulator are left out, as the cond and the write return them.
     buffers = dict(inner_state=None, accumulator=None)
     new_state = one_kernel(new_state._replace(**buffers), state._replace(**buffers))
     return out, new_state._replace(inner_state=inner_state, accumulator=accumulator)
