@@ -8,7 +8,11 @@ stepping on every microbatch and no accumulation: how much of the demo's
 compile time the engine adds to the model's own. Fresh functions each round,
 median of the rounds after the first:
 
-    python docs/compile/demo_quick.py [--rounds 4] [--default-model]
+    python docs/compile/demo_quick.py [--rounds 4] [--default-model] [--opt-level N]
+
+``--opt-level N`` compiles with XLA's ``xla_backend_optimization_level`` at N
+(the default is 2 on the CPU), and also times a call of each compiled block,
+on 8 microbatches: what a lower level saves in compile and costs in training.
 """
 
 import argparse
@@ -16,7 +20,6 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -41,27 +44,29 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=4)
   parser.add_argument('--default-model', action='store_true', help="the main job's model")
+  parser.add_argument('--opt-level', type=int, help="XLA's backend optimization level")
   options = parser.parse_args(argv)
+  level = options.opt_level
+  compiler_options = None if level is None else {'xla_backend_optimization_level': level}
   rounds = options.rounds
   args = cli.parse_args([] if options.default_model else ['--quick'])
   setup = arms.Setup(args.microbatch, 1200, args.warmup, args.weight_decay)
   model = CharTransformer(args.dim, args.layers, args.heads, args.context, nnx.Rngs(0))
   graphdef, params = nnx.split(model, nnx.Param)
-  batches = jax.ShapeDtypeStruct((8, args.microbatch, args.context + 1), jnp.int32)
+  batches = jax.random.randint(jax.random.key(0), (8, args.microbatch, args.context + 1), 0, 256)
 
   def adamw():
     state = optax.adamw(1e-3).init(params)
     block = jax.jit(lambda *a: plain_block(*a), static_argnums=0)  # a fresh function
-    return block.lower(graphdef, params, state, batches)
+    return block.lower(graphdef, params, state, batches), (params, state, batches)
 
   def arm(name):
     spec = dict(arms.ARMS[name])
     knobs = arms.arm_knobs(spec, args, arms.size_name((args.dim, args.layers)))
     state = arms.make_optimizer(spec, knobs, setup).init(params)
     block = jax.jit(lambda *a: train.train_block(*a), static_argnums=(0, 1, 2))
-    return block.lower(
-        arms.program_spec(spec), graphdef, setup, params, state, train.as_arrays(knobs), batches
-    )
+    inputs = (params, state, train.as_arrays(knobs), batches)
+    return block.lower(arms.program_spec(spec), graphdef, setup, *inputs), inputs
 
   programs = {
       'adamw': adamw,
@@ -70,13 +75,23 @@ def main(argv=None):
       'gnts': lambda: arm('gnts'),
   }
   seconds = {name: [] for name in programs}
+  calls = {name: [] for name in programs}
   for _ in range(rounds):
     for name, lower in programs.items():
       start = time.perf_counter()
-      lower().compile()
+      lowered, inputs = lower()
+      compiled = lowered.compile(compiler_options)
       seconds[name].append(time.perf_counter() - start)
+      if level is not None:
+        for _ in range(5):
+          start = time.perf_counter()
+          jax.block_until_ready(compiled(*inputs))
+          calls[name].append(time.perf_counter() - start)
   for name, s in seconds.items():
-    print(f'{name:9s} {statistics.median(s[1:]):6.2f} s trace + compile  (rounds: {s})')
+    line = f'{name:9s} {statistics.median(s[1:]):6.2f} s trace + compile'
+    if level is not None:
+      line += f', {statistics.median(calls[name]) * 1e3:5.1f} ms a call'
+    print(f'{line}  (rounds: {[round(x, 2) for x in s]})')
 
 
 if __name__ == '__main__':

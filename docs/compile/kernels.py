@@ -1,19 +1,21 @@
 """What XLA:CPU's compile time follows: kernels, and the engine's per-leaf norms.
 
 A record of the measurements behind docs/benchmarks.md ("Where XLA:CPU spends
-the compile"), not a benchmark. Four modes:
+the compile"), not a benchmark. Five modes:
 
     python docs/compile/kernels.py compile NAME [--leaves 8] [--reps 10]
     python docs/compile/kernels.py norms [--leaves 8 32] [--rounds 7]
     python docs/compile/kernels.py modules [NAME ...] [--leaves 8 32]
     python docs/compile/kernels.py scalars [--outputs 1 10 20] [--rounds 5]
+    python docs/compile/kernels.py trace [NAME ...] [--leaves 8 32 128] [--rounds 7]
 
 ``compile`` lowers ``reps + 1`` fresh train steps of ``benchmarks/compile.py``'s
 candidate NAME, then compiles them, the first untimed, and prints the wall and
 CPU seconds per compile: run it under ``perf record -F 999 -g`` and read
 ``perf report --children`` for the phases. ``norms`` compiles a step that only
 writes a float32 accumulator of the MLP's leaves, then the same step with the
-gradient's squared norm, then with the new sum's too, and prints the median
+gradient's squared norm, then with the new sum's too, then with both norms
+as a dot product of each flattened leaf with itself, and prints the median
 compile time and the fusions of each. ``modules`` counts the LLVM
 modules XLA emits for a candidate's step (its dump's optimized ``.ll`` files)
 beside its fusions: fusions that compute the same thing share one. ``scalars``
@@ -21,11 +23,15 @@ compiles a toy step with ``--outputs`` scalar results, each a few ops with a
 division, returned as separate arrays, stacked into one vector
 (``jnp.stack``), summed into one vector from padded copies (``jnp.pad``), or
 returned as separate arrays out of one variadic reduction (``one_kernel``, as
-the engine returns its state's scalars).
+the engine returns its state's scalars). ``trace`` times the two halves of
+``compile.py``'s trace column apart, for the candidates NAME: ``jax.jit(step).trace``
+(Python tracing the step into a jaxpr) and ``.lower()`` (the jaxpr to StableHLO),
+with the garbage collector off.
 """
 
 import argparse
 import functools
+import gc
 import pathlib
 import statistics
 import sys
@@ -67,7 +73,19 @@ VARIANTS = {
         sq_norm(g),
         sq_norm(new),
     ),
+    'both as dot products': lambda acc, g, fresh: (
+        (new := write(acc, g, fresh)),
+        dot_sq_norm(g),
+        dot_sq_norm(new),
+    ),
 }
+
+
+def dot_sq_norm(tree):
+  """The squared norm as a dot product of each flattened leaf with itself, the dots summed."""
+  flat = [x.reshape(-1) for x in jax.tree.leaves(tree)]
+  dots = [jax.lax.dot(x, x, precision=jax.lax.Precision.HIGHEST) for x in flat]
+  return jnp.sum(jnp.abs(jnp.stack(dots)))
 
 
 def norms(leaves: list[int], rounds: int) -> None:
@@ -137,6 +155,30 @@ def scalars(outputs: list[int], rounds: int) -> None:
       print(f'{num:3d} outputs  {pack:8s} {statistics.median(times[1:]):.3f} s  {fusions} fusions')
 
 
+def trace(names: list[str], leaves: list[int], rounds: int) -> None:
+  for n in leaves:
+    shape = jax.eval_shape(functools.partial(bench.make_params, n))
+    times = {name: ([], []) for name in names}
+    for r in range(rounds + 1):
+      for name in names:
+        step, args = bench.fresh_step(name, shape)
+        gc.collect()
+        gc.disable()  # as compile.py times: see its compile_once
+        start = time.perf_counter()
+        traced = step.trace(*args)
+        middle = time.perf_counter()
+        traced.lower()
+        gc.enable()
+        if r:  # the first round is untimed
+          times[name][0].append(middle - start)
+          times[name][1].append(time.perf_counter() - middle)
+    for name, (traces, lowers) in times.items():
+      print(
+          f'{n:4d} leaves  {bench.LABELS[name]:48s} trace {statistics.median(traces) * 1e3:4.0f} ms'
+          f'  lower {statistics.median(lowers) * 1e3:4.0f} ms'
+      )
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   sub = parser.add_subparsers(dest='mode', required=True)
@@ -155,6 +197,12 @@ def main(argv=None):
   scal = sub.add_parser('scalars')
   scal.add_argument('--outputs', type=int, nargs='+', default=[1, 10, 20])
   scal.add_argument('--rounds', type=int, default=5)
+  split = sub.add_parser('trace')
+  split.add_argument(
+      'names', nargs='*', metavar='NAME', help='of benchmarks/compile.py; all of them if none'
+  )
+  split.add_argument('--leaves', type=int, nargs='+', default=[8, 32, 128])
+  split.add_argument('--rounds', type=int, default=7)
   args = parser.parse_args(argv)
   if args.mode == 'compile':
     compile_many(args.name, args.leaves, args.reps)
@@ -162,6 +210,8 @@ def main(argv=None):
     norms(args.leaves, args.rounds)
   elif args.mode == 'modules':
     modules(args.names or list(bench.LABELS), args.leaves)
+  elif args.mode == 'trace':
+    trace(args.names or list(bench.LABELS), args.leaves, args.rounds)
   else:
     scalars(args.outputs, args.rounds)
 
