@@ -15,8 +15,9 @@ CPU seconds per compile: run it under ``perf record -F 999 -g`` and read
 ``perf report --children`` for the phases. ``norms`` compiles a step that only
 writes a float32 accumulator of the MLP's leaves, then the same step with the
 gradient's squared norm, then with the new sum's too, then with both norms
-as a dot product of each flattened leaf with itself, and prints the median
-compile time and the fusions of each. ``modules`` counts the LLVM
+as a dot product of each flattened leaf with itself, then as one sum over all
+the leaves' squares concatenated, and prints the median compile time and the
+fusions of each. ``modules`` counts the LLVM
 modules XLA emits for a candidate's step (its dump's optimized ``.ll`` files)
 beside its fusions: fusions that compute the same thing share one. ``scalars``
 compiles a toy step with ``--outputs`` scalar results, each a few ops with a
@@ -78,6 +79,11 @@ VARIANTS = {
         dot_sq_norm(g),
         dot_sq_norm(new),
     ),
+    'both over one concatenation': lambda acc, g, fresh: (
+        (new := write(acc, g, fresh)),
+        concat_sq_norm(g),
+        concat_sq_norm(new),
+    ),
 }
 
 
@@ -86,6 +92,11 @@ def dot_sq_norm(tree):
   flat = [x.reshape(-1) for x in jax.tree.leaves(tree)]
   dots = [jax.lax.dot(x, x, precision=jax.lax.Precision.HIGHEST) for x in flat]
   return jnp.sum(jnp.abs(jnp.stack(dots)))
+
+
+def concat_sq_norm(tree):
+  """The squared norm as one sum over the squares of every leaf, flattened and concatenated."""
+  return jnp.sum(jnp.concatenate([jnp.square(x.reshape(-1)) for x in jax.tree.leaves(tree)]))
 
 
 def norms(leaves: list[int], rounds: int) -> None:
