@@ -28,13 +28,14 @@ Exits with status 1 when a target fails.
 """
 
 import argparse
+import contextlib
 import functools
 import gc
 import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -172,24 +173,30 @@ def fresh_step(name: str, params: Any) -> tuple[Callable, tuple]:
   return jitted_step(tx, fused, params, loss=name == 'loss_interval')
 
 
-def compile_once(name: str, params: Any) -> dict[str, Any]:
-  """Seconds to trace and to compile a fresh step, and the compiled program's size.
+@contextlib.contextmanager
+def gc_off() -> Iterator[None]:
+  """Python's garbage collector off, after a collection, as ``timeit`` times.
 
-  Python's garbage collector is off while it times, as ``timeit`` turns it
-  off: a full collection takes about 60 ms here, and would otherwise fall on
+  A full collection takes about 60 ms here, and would otherwise fall on
   whichever candidate happened to allocate past its threshold, round after round.
   """
-  step, args = fresh_step(name, params)
   gc.collect()
   gc.disable()
   try:
+    yield
+  finally:
+    gc.enable()
+
+
+def compile_once(name: str, params: Any) -> dict[str, Any]:
+  """Seconds to trace and to compile a fresh step (under :func:`gc_off`), and the program's size."""
+  step, args = fresh_step(name, params)
+  with gc_off():
     start = time.perf_counter()
     lowered = step.lower(*args)
     traced = time.perf_counter()
     compiled = lowered.compile()
     done = time.perf_counter()
-  finally:
-    gc.enable()
   return {'trace_s': traced - start, 'compile_s': done - traced, **hlo_size(compiled.as_text())}
 
 

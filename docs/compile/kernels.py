@@ -32,7 +32,6 @@ with the garbage collector off.
 
 import argparse
 import functools
-import gc
 import pathlib
 import statistics
 import sys
@@ -173,13 +172,11 @@ def trace(names: list[str], leaves: list[int], rounds: int) -> None:
     for r in range(rounds + 1):
       for name in names:
         step, args = bench.fresh_step(name, shape)
-        gc.collect()
-        gc.disable()  # as compile.py times: see its compile_once
-        start = time.perf_counter()
-        traced = step.trace(*args)
-        middle = time.perf_counter()
-        traced.lower()
-        gc.enable()
+        with bench.gc_off():  # as compile.py times
+          start = time.perf_counter()
+          traced = step.trace(*args)
+          middle = time.perf_counter()
+          traced.lower()
         if r:  # the first round is untimed
           times[name][0].append(middle - start)
           times[name][1].append(time.perf_counter() - middle)
