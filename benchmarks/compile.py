@@ -100,7 +100,10 @@ def cond_floor(inner: optax.GradientTransformation, every: int) -> optax.Gradien
     step = count + 1 >= every
 
     def do_step(acc, inner_state, params):
-      return inner.update(jax.tree.map(lambda a: a / every, acc), inner_state, params)
+      # A barrier in the branch keeps the cond a cond on every backend, as in
+      # the engine (XLA:GPU makes a cond of elementwise branches a select).
+      n = jax.lax.optimization_barrier(jnp.float32(every))
+      return inner.update(jax.tree.map(lambda a: a / n, acc), inner_state, params)
 
     def do_accumulate(acc, inner_state, params):
       return optax.tree.zeros_like(acc), inner_state

@@ -16,7 +16,7 @@ import optax
 
 from optax_gqc import _checks, _noise_scale
 from optax_gqc._noise_scale import NoiseScaleState
-from optax_gqc._numerics import one_kernel, rounded, sq_norm
+from optax_gqc._numerics import kept_cond, one_kernel, rounded, sq_norm
 from optax_gqc.gates import DrawStats, Gate
 
 
@@ -402,15 +402,17 @@ def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, appl
     mean = jax.tree.map(lambda acc, dt: (acc / n).astype(dt), accumulator, grad_dtypes)
     new_updates, new_state = _inner_update(inner, extra_args, mean, inner_state, params)
     new_state = optax.tree.cast_like(new_state, inner_state)
+    # Without it, XLA:GPU turns the cond into selects and steps on every microbatch.
+    stepped = kept_cond(jnp.asarray(True))
     if scale_by_draws is not None:
       scale = scale_by_draws(n)
       new_updates = jax.tree.map(lambda u: (u * scale).astype(u.dtype), new_updates)
     if apply:
       # n < 0 is a zero the compiler cannot see: see _numerics.rounded.
       new_updates = rounded(new_updates, (n < 0).astype(jnp.int32))
-      return optax.apply_updates(params, new_updates), new_state, jnp.asarray(True)
+      return optax.apply_updates(params, new_updates), new_state, stepped
     step_shapes.append(jax.eval_shape(lambda: new_updates))
-    return new_updates, new_state, jnp.asarray(True)
+    return new_updates, new_state, stepped
 
   def do_accumulate(accumulator, inner_state, params):
     del accumulator

@@ -96,6 +96,20 @@ def rounded(tree: Any, zero: jax.Array) -> Any:
   return jax.tree.map(leaf, tree)
 
 
+def kept_cond(flag: jax.Array) -> jax.Array:
+  """``flag`` through an optimization barrier, to return from a ``lax.cond`` branch.
+
+  XLA's conditional simplifier replaces a two-way ``lax.cond`` whose branches
+  hold only elementwise operations, reductions, reshapes, slices and tuples
+  with a select between the two branches' results, so both branches run every
+  time. An optimizer's update is such a branch: on the GPU the accumulation
+  engine ran the inner optimizer on every microbatch and kept one result
+  (XLA:CPU keeps the cond). A barrier is none of those, so a branch that
+  returns one keeps its cond. It computes nothing at run time.
+  """
+  return jax.lax.optimization_barrier(flag)
+
+
 def _identity(dtype: Any) -> np.ndarray:
   """The identity of ``_add_each`` in ``dtype``: -0.0, which keeps a zero's sign, 0, or False."""
   if jnp.issubdtype(dtype, jnp.complexfloating):

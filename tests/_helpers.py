@@ -1,4 +1,6 @@
-"""Helpers shared by the test modules: microbatch gradient streams and a jitted run over them."""
+"""Helpers shared by the test modules: gradient streams, a jitted run, what XLA makes of a cond."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -28,3 +30,61 @@ def run(tx, grads, params=PARAMS, apply=True, **extra_args):
       params = optax.apply_updates(params, updates)
     out.append((updates, state, params))
   return out
+
+
+# XLA's conditional simplifier replaces a two-way cond with a select between its
+# branches' results when every instruction of both branches is elementwise or
+# one of _CHEAP (xla/service/conditional_simplifier.cc). Calls are inlined first.
+_CHEAP = set('broadcast concatenate dynamic-slice get-tuple-element reduce reshape pad'.split())
+_CHEAP |= {'parameter', 'slice', 'tuple', 'constant'}
+_ELEMENTWISE = set(
+    'abs add and atan2 bitcast-convert cbrt ceil clamp compare complex convert copy cosine divide'
+    ' erf exponential exponential-minus-one floor imag is-finite log log-plus-one logistic'
+    ' maximum minimum multiply negate not or popcnt power real remainder round-nearest-afz'
+    ' round-nearest-even rsqrt select shift-left shift-right-arithmetic shift-right-logical sign'
+    ' sine sqrt subtract tan tanh xor'.split()
+)
+
+
+def _opcode(instruction: str) -> str:
+  """The opcode of one line of HLO text: ``name = type opcode(operands), ...``."""
+  rest = instruction.split(' = ', 1)[1]
+  if rest.startswith('('):  # a tuple type, which holds spaces
+    depth = 0
+    for i, c in enumerate(rest):
+      depth += {'(': 1, ')': -1}.get(c, 0)
+      if depth == 0:
+        return rest[i + 1 :].split('(', 1)[0].strip()
+  return rest.split(' ', 1)[1].split('(', 1)[0]
+
+
+def selectable_conds(fn, *args) -> list[bool]:
+  """For each cond of ``fn``'s program, whether XLA's simplifier may make it a select."""
+  computations, name = {}, None
+  for line in jax.jit(fn).lower(*args).as_text(dialect='hlo').splitlines():
+    if line.endswith('{') and not line.startswith(' '):
+      name = line.removeprefix('ENTRY ').split(' ', 1)[0]
+      computations[name] = []
+    elif line.startswith('}'):
+      name = None
+    elif name and ' = ' in line:
+      computations[name].append(line.strip())
+
+  def opcodes(computation: str) -> set[str]:
+    found = set()
+    for line in computations[computation]:
+      if _opcode(line) == 'call':
+        found |= opcodes(re.search(r'to_apply=([\w.-]+)', line).group(1))
+      else:
+        found.add(_opcode(line))
+    return found
+
+  conds = [
+      line for lines in computations.values() for line in lines if _opcode(line) == 'conditional'
+  ]
+  result = []
+  for line in conds:
+    branches = re.findall(r'[\w.-]+', re.search(r'branch_computations=\{([^}]*)\}', line).group(1))
+    used = set().union(*(opcodes(b) for b in branches))
+    result.append(len(branches) == 2 and used <= _CHEAP | _ELEMENTWISE)
+  return result

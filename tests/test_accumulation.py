@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import optax_gqc
 from optax_gqc import gates
-from tests._helpers import PARAMS, grad_stream, run
+from tests._helpers import PARAMS, grad_stream, run, selectable_conds
 
 
 class Recording(NamedTuple):
@@ -568,6 +568,29 @@ def test_update_and_apply_writes_no_param_sized_temporary():
   swapped = jax.jit(optax_gqc.update_and_apply, static_argnums=0, donate_argnums=(2, 3))
   memory = swapped.lower(tx, params, state, params).compile().memory_analysis()
   assert memory.temp_size_in_bytes >= param_bytes
+
+
+@pytest.mark.parametrize('name', ['gnts', 'sbc'])
+@pytest.mark.parametrize('fused', [False, True], ids=['optax_path', 'fused'])
+def test_the_step_stays_a_cond_that_xla_cannot_make_a_select(name, fused):
+  # XLA:GPU replaces a cond whose branches are all elementwise with a select
+  # between both branches: the inner optimizer would run on every microbatch.
+  adamw = optax.adamw(1e-3)
+
+  def do_step(params, state, grads):
+    updates, state = adamw.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  def bare(step, params, state, grads):  # the check can tell
+    return jax.lax.cond(step, do_step, lambda p, s, g: (p, s), params, state, grads)
+
+  assert selectable_conds(bare, True, PARAMS, adamw.init(PARAMS), PARAMS) == [True]
+  tx = {'gnts': optax_gqc.gnts(adamw), 'sbc': optax_gqc.sbc(adamw, 8, 1)}[name]
+  if fused:
+    step = functools.partial(optax_gqc.update_and_apply, tx)
+  else:
+    step = tx.update
+  assert selectable_conds(step, PARAMS, tx.init(PARAMS), PARAMS) == [False]
 
 
 def test_microbatch_size_is_given_once_to_the_gate_or_to_both_alike():
