@@ -17,8 +17,9 @@ trace is reused, with JAX's persistent compilation cache off. *Trace* is
 Python's garbage collector off. Beside each time the
 size of the optimized program: its HLO instructions, fusions and conditionals
 in ``compiled.as_text()``. A reference row, ``cond_floor``, is adamw in a bare
-``lax.cond`` with an accumulator and nothing else: what any accumulation that
-steps in one cond compiles to here. It has no target.
+``lax.cond`` with an accumulator and nothing else (and, as in the engine, a
+barrier that keeps the cond): what any accumulation that steps in one cond
+compiles to here. It has no target.
 
 Targets, ratios within one run at every depth: ``gnts`` at most 1.5x
 ``optax.adamw``'s trace+compile time, on the Optax path and fused; every other
@@ -100,16 +101,20 @@ def cond_floor(inner: optax.GradientTransformation, every: int) -> optax.Gradien
     step = count + 1 >= every
 
     def do_step(acc, inner_state, params):
-      # A barrier in the branch keeps the cond a cond on every backend, as in
-      # the engine (XLA:GPU makes a cond of elementwise branches a select).
-      n = jax.lax.optimization_barrier(jnp.float32(every))
-      return inner.update(jax.tree.map(lambda a: a / n, acc), inner_state, params)
+      updates, inner_state = inner.update(
+          jax.tree.map(lambda a: a / every, acc), inner_state, params
+      )
+      # The flag's barrier keeps the cond a cond on every backend, as in the
+      # engine (XLA:GPU makes a cond of elementwise branches a select).
+      return updates, inner_state, jax.lax.optimization_barrier(jnp.asarray(True))
 
     def do_accumulate(acc, inner_state, params):
-      return optax.tree.zeros_like(acc), inner_state
+      return optax.tree.zeros_like(acc), inner_state, jnp.asarray(False)
 
-    updates, inner_state = jax.lax.cond(step, do_step, do_accumulate, acc, inner_state, params)
-    return updates, (jnp.where(step, 0, count + 1), acc, inner_state)
+    updates, inner_state, stepped = jax.lax.cond(
+        step, do_step, do_accumulate, acc, inner_state, params
+    )
+    return updates, (jnp.where(stepped, 0, count + 1), acc, inner_state)
 
   return optax.GradientTransformation(init, update)
 
