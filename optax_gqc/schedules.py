@@ -49,7 +49,8 @@ def _divide(x: jax.Array, divisor: float) -> jax.Array:
   XLA turns a division by a constant into a multiplication by its reciprocal,
   which rounds differently: ``32 * 375 / 500`` would come out 24.000002 rather
   than 24, and an SBC gate at 3 x 8 examples would miss the step that
-  torch-gqc takes. The barrier keeps the division.
+  torch-gqc takes. The barrier keeps the division. On the GPU the float32
+  division is not correctly rounded, so there it can still come out 24.000002.
   """
   return x / jax.lax.optimization_barrier(jnp.float32(divisor))
 
