@@ -56,7 +56,7 @@ def measure(
     calls: int,
     warmup: int = 3,
 ) -> dict[str, dict[str, float]]:
-  """Median milliseconds per call, compiled temporaries and state bytes of each."""
+  """Median milliseconds per call, compiled temporaries, state bytes and conds of each."""
   runs = {}
   for name, (init, step) in cands.items():
     p = jax.tree.map(jnp.copy, params)
@@ -67,6 +67,7 @@ def measure(
         'times': [],
         'state_bytes': tree_bytes(s),
         'temp_bytes': compiled.memory_analysis().temp_size_in_bytes,
+        'conditionals': compiled.as_text().count(' conditional('),
     }
     for i in range(warmup):
       p, s = compiled(p, s, grads[i % len(grads)])
@@ -86,6 +87,7 @@ def measure(
           'ms': 1e3 * statistics.median(r['times']),
           'temp_bytes': r['temp_bytes'],
           'state_bytes': r['state_bytes'],
+          'conditionals': r['conditionals'],
       }
       for name, r in runs.items()
   }

@@ -29,7 +29,7 @@ def load(monkeypatch):
 
 
 def result(ms, temp_bytes=0):
-  return {'ms': ms, 'temp_bytes': temp_bytes, 'state_bytes': 0}
+  return {'ms': ms, 'temp_bytes': temp_bytes, 'state_bytes': 0, 'conditionals': 1}
 
 
 # Timings (ms) and temporaries that meet every target of benchmarks/accumulation.py.
@@ -52,6 +52,8 @@ ACCUMULATION_MET = {
         ('raw_floor', {'ms': 3.9}, 'fused <= 1.5x raw floor'),
         ('adamw', {'ms': 9.9}, 'fused <= 0.6x one adamw step'),
         ('fused', {'temp_bytes': MiB // 4}, 'fused: no param-sized temporary'),
+        ('gnts', {'conditionals': 0}, 'gnts and fused step in a compiled cond'),
+        ('fused', {'conditionals': 0}, 'gnts and fused step in a compiled cond'),
     ],
 )
 def test_accumulation_each_target_fails_alone(load, name, change, target):
