@@ -35,6 +35,8 @@ def run(tx, grads, params=PARAMS, apply=True, **extra_args):
 # XLA's conditional simplifier replaces a two-way cond with a select between its
 # branches' results when every instruction of both branches is elementwise or
 # one of _CHEAP (xla/service/conditional_simplifier.cc). Calls are inlined first.
+# It also keeps a cond with a branch that returns a lone parameter array, which
+# is not modelled here: the engine's branches return tuples.
 _CHEAP = set('broadcast concatenate dynamic-slice get-tuple-element reduce reshape pad'.split())
 _CHEAP |= {'parameter', 'slice', 'tuple', 'constant'}
 _ELEMENTWISE = set(
