@@ -6,6 +6,7 @@ up, then timed in rounds that interleave the candidates, so that a slow spell
 of this shared machine hits them all alike; the median round counts.
 """
 
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -48,6 +49,16 @@ def optimizer_step(tx: optax.GradientTransformation) -> tuple[Callable, Callable
   return tx.init, step
 
 
+def hlo_size(text: str) -> dict[str, int]:
+  """Instructions, fusions and conditionals of an optimized HLO module's text."""
+  instructions = [line for line in text.splitlines() if re.match(r'\s+(ROOT )?%?[\w.-]+ = ', line)]
+  return {
+      'instructions': len(instructions),
+      'fusions': sum(bool(re.search(r' fusion\(', line)) for line in instructions),
+      'conditionals': sum(bool(re.search(r' conditional\(', line)) for line in instructions),
+  }
+
+
 def measure(
     cands: dict[str, tuple[Callable, Callable]],
     params: Any,
@@ -67,7 +78,7 @@ def measure(
         'times': [],
         'state_bytes': tree_bytes(s),
         'temp_bytes': compiled.memory_analysis().temp_size_in_bytes,
-        'conditionals': compiled.as_text().count(' conditional('),
+        'conditionals': hlo_size(compiled.as_text())['conditionals'],
     }
     for i in range(warmup):
       p, s = compiled(p, s, grads[i % len(grads)])

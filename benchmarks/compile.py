@@ -32,7 +32,6 @@ import argparse
 import contextlib
 import functools
 import gc
-import re
 import statistics
 import sys
 import time
@@ -42,9 +41,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from _common import hlo_size
 from _report import finish, print_targets
 
 import optax_gqc
+from optax_gqc._numerics import kept_cond
 
 WIDTH = 16
 
@@ -104,9 +105,8 @@ def cond_floor(inner: optax.GradientTransformation, every: int) -> optax.Gradien
       updates, inner_state = inner.update(
           jax.tree.map(lambda a: a / every, acc), inner_state, params
       )
-      # The flag's barrier keeps the cond a cond on every backend, as in the
-      # engine (XLA:GPU makes a cond of elementwise branches a select).
-      return updates, inner_state, jax.lax.optimization_barrier(jnp.asarray(True))
+      # The flag keeps the cond a cond on every backend, as in the engine.
+      return updates, inner_state, kept_cond(jnp.asarray(True))
 
     def do_accumulate(acc, inner_state, params):
       return optax.tree.zeros_like(acc), inner_state, jnp.asarray(False)
@@ -153,16 +153,6 @@ def make_step(tx: optax.GradientTransformation, fused: bool, loss: bool = False)
     return optax.apply_updates(params, updates), state
 
   return step
-
-
-def hlo_size(text: str) -> dict[str, int]:
-  """Instructions, fusions and conditionals of an optimized HLO module's text."""
-  instructions = [line for line in text.splitlines() if re.match(r'\s+(ROOT )?%?[\w.-]+ = ', line)]
-  return {
-      'instructions': len(instructions),
-      'fusions': sum(bool(re.search(r' fusion\(', line)) for line in instructions),
-      'conditionals': sum(bool(re.search(r' conditional\(', line)) for line in instructions),
-  }
 
 
 def jitted_step(
