@@ -1,13 +1,14 @@
 """What XLA:CPU's compile time follows: kernels, and the engine's per-leaf norms.
 
 A record of the measurements behind docs/benchmarks.md ("Where XLA:CPU spends
-the compile"), not a benchmark. Five modes:
+the compile"), not a benchmark. Six modes:
 
     python docs/compile/kernels.py compile NAME [--leaves 8] [--reps 10]
     python docs/compile/kernels.py norms [--leaves 8 32] [--rounds 7]
     python docs/compile/kernels.py modules [NAME ...] [--leaves 8 32]
     python docs/compile/kernels.py scalars [--outputs 1 10 20] [--rounds 5]
     python docs/compile/kernels.py trace [NAME ...] [--leaves 8 32 128] [--rounds 7]
+    python docs/compile/kernels.py ops [NAME ...] [--leaves 32 64]
 
 ``compile`` lowers ``reps + 1`` fresh train steps of ``benchmarks/compile.py``'s
 candidate NAME, then compiles them, the first untimed, and prints the wall and
@@ -27,12 +28,17 @@ returned as separate arrays out of one variadic reduction (``one_kernel``, as
 the engine returns its state's scalars). ``trace`` times the two halves of
 ``compile.py``'s trace column apart, for the candidates NAME: ``jax.jit(step).trace``
 (Python tracing the step into a jaxpr) and ``.lower()`` (the jaxpr to StableHLO),
-with the garbage collector off.
+with the garbage collector off. ``ops`` counts the instructions of each opcode
+in the optimized program of each candidate NAME (those inside fusions
+included), at two depths, and prints what each leaf adds: the difference over
+the difference in leaves.
 """
 
 import argparse
+import collections
 import functools
 import pathlib
+import re
 import statistics
 import sys
 import tempfile
@@ -187,6 +193,30 @@ def trace(names: list[str], leaves: list[int], rounds: int) -> None:
       )
 
 
+def opcodes(name: str, leaves: int) -> collections.Counter:
+  """The optimized program's instructions of candidate ``name`` at ``leaves``, by opcode."""
+  step, args = bench.fresh_step(name, jax.eval_shape(functools.partial(bench.make_params, leaves)))
+  # `%name = type opcode(`, the type a shape, or a tuple of shapes in parentheses.
+  instruction = re.compile(r'\s+(?:ROOT )?%?[\w.-]+ = (?:\(.*?\)|\S+) ([\w-]+)\(')
+  text = step.lower(*args).compile().as_text()
+  return collections.Counter(m[1] for m in map(instruction.match, text.splitlines()) if m)
+
+
+def ops(names: list[str], leaves: tuple[int, int]) -> None:
+  (low, high), width = leaves, 12
+  per_leaf = {}
+  for name in names:
+    small, large = opcodes(name, low), opcodes(name, high)
+    per_leaf[name] = {op: (large[op] - small[op]) / (high - low) for op in small | large}
+    per_leaf[name]['(all)'] = (large.total() - small.total()) / (high - low)
+  print(f'instructions per leaf, from {low} to {high} leaves')
+  print(f"{'opcode':20s}" + ''.join(f'{name:>{width}s}' for name in names))
+  for op in sorted(set().union(*per_leaf.values())):
+    row = [per_leaf[name].get(op, 0.0) for name in names]
+    if any(abs(x) >= 0.05 for x in row):
+      print(f'{op:20s}' + ''.join(f'{x:{width}.2f}' for x in row))
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   sub = parser.add_subparsers(dest='mode', required=True)
@@ -211,6 +241,11 @@ def main(argv=None):
   )
   split.add_argument('--leaves', type=int, nargs='+', default=[8, 32, 128])
   split.add_argument('--rounds', type=int, default=7)
+  count = sub.add_parser('ops')
+  count.add_argument(
+      'names', nargs='*', metavar='NAME', help='of benchmarks/compile.py; all of them if none'
+  )
+  count.add_argument('--leaves', type=int, nargs=2, default=[32, 64])
   args = parser.parse_args(argv)
   if args.mode == 'compile':
     compile_many(args.name, args.leaves, args.reps)
@@ -220,6 +255,8 @@ def main(argv=None):
     modules(args.names or list(bench.LABELS), args.leaves)
   elif args.mode == 'trace':
     trace(args.names or list(bench.LABELS), args.leaves, args.rounds)
+  elif args.mode == 'ops':
+    ops(args.names or list(bench.LABELS), tuple(args.leaves))
   else:
     scalars(args.outputs, args.rounds)
 
