@@ -78,6 +78,18 @@ def test_conversions_copy():
 
 
 @needs_torch
+def test_to_torch_copies_into_torchs_own_memory():
+  # Torch's allocator, not JAX's, owns the copies: a storage that torch did not
+  # allocate (a DLPack or from_blob one) cannot be resized. On a GPU, memory
+  # that JAX owned could be reused by JAX while torch's kernels still read it.
+  arrays = {'a': jnp.arange(6.0).reshape(2, 3), 'b': jnp.ones(2, jnp.bfloat16)}
+  for tensor in [tshim.to_torch(arrays['a']), *tshim.tree_to_torch(arrays).values()]:
+    assert tensor.untyped_storage().resizable()
+  assert tshim.to_torch(arrays['a'], 'cpu').untyped_storage().resizable()
+  np.testing.assert_array_equal(tshim.to_torch(arrays['a']).numpy(), np.asarray(arrays['a']))
+
+
+@needs_torch
 def test_grads_to_jax_and_set_grads():
   model = _model(torch.float32)
   tree = tshim.params_to_jax(model)

@@ -69,6 +69,14 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
 def to_torch(array: Any, device: torch.device | str | None = None) -> torch.Tensor:
   """Copies a JAX (or NumPy) array into a new torch tensor of the same dtype.
 
+  Torch makes the copy, in its own memory, from a DLPack view of the array,
+  and it has finished when the call returns: on a GPU, where torch copies
+  asynchronously, the call waits for it. JAX may then reuse the array's
+  memory (donate it, or free it) at once, and torch frees the tensor's memory
+  in the order of its own stream. (A copy that JAX made for torch would be
+  JAX's memory, which JAX could reuse as soon as torch dropped the tensor,
+  with torch's kernels that read it possibly not yet run.)
+
   Args:
     array: a :class:`jax.Array`, or anything :func:`jax.numpy.asarray` takes.
     device: where the tensor goes; by default, where DLPack puts it (the
@@ -83,13 +91,26 @@ def to_torch(array: Any, device: torch.device | str | None = None) -> torch.Tens
     >>> to_torch(jnp.arange(3.0))
     tensor([0., 1., 2.])
   """
-  tensor = torch.from_dlpack(jnp.asarray(array), copy=True)
-  return tensor if device is None else tensor.to(device)
+  (tensor,) = _copies_to_torch([array], device)
+  return tensor
 
 
 def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
-  """Applies :func:`to_torch` to every leaf of a pytree."""
-  return jax.tree.map(lambda x: to_torch(x, device), tree)
+  """Applies :func:`to_torch` to every leaf of a pytree (and waits once, on a GPU)."""
+  leaves, treedef = jax.tree.flatten(tree)
+  return jax.tree.unflatten(treedef, _copies_to_torch(leaves, device))
+
+
+def _copies_to_torch(arrays: list[Any], device: torch.device | str | None) -> list[torch.Tensor]:
+  """Torch's copies of ``arrays``, read through DLPack views, the reads done on return."""
+  views = [torch.from_dlpack(jnp.asarray(a)) for a in arrays]
+  copies = [
+      v.clone(memory_format=torch.contiguous_format) if device is None else v.to(device, copy=True)
+      for v in views
+  ]
+  for cuda in {t.device for t in views + copies if t.is_cuda}:
+    torch.cuda.synchronize(cuda)  # before the views, and JAX's hold on the arrays, go
+  return copies
 
 
 def _named_tensors(source: _TensorSource) -> dict[str, torch.Tensor]:
