@@ -26,7 +26,9 @@ and, for N below the cores at hand, the process is pinned to N cores, which
 both libraries size their pools by. ``OMP_WAIT_POLICY=PASSIVE`` (the default
 of ``--omp-wait-policy``) keeps torch's OpenMP threads from busy-waiting: on
 a machine shared with other jobs, active waiting made torch's step many times
-slower, which would flatter JAX.
+slower, which would flatter JAX. Both sides run on the CPU: JAX is held to
+it (``JAX_PLATFORMS=cpu``, unless the variable is set) on a machine with a GPU
+too, as torch's side is.
 
 Exits with status 1 when the target (gnts fused <= 0.7x torch-gqc per
 microbatch) fails, or when a candidate did not step once every ``--every``.
@@ -103,6 +105,7 @@ def set_threads(threads: int, omp_wait_policy: str) -> dict[str, str]:
   os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {xla}".strip()
   if omp_wait_policy:
     os.environ['OMP_WAIT_POLICY'] = omp_wait_policy
+  os.environ.setdefault('JAX_PLATFORMS', 'cpu')  # torch's side runs on the CPU
   return {
       'cores': f'{len(os.sched_getaffinity(0))} of {len(cores)}',
       'XLA_FLAGS': os.environ['XLA_FLAGS'],

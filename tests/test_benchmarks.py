@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -184,8 +185,10 @@ def test_train_step_runs_on_a_tiny_transformer(tmp_path):
       text=True,
       timeout=600,
   )
+  assert path.exists(), run.stderr[-4000:]  # what stopped it before the JSON
   data = json.loads(path.read_text())
   assert run.returncode == (0 if all(data['targets'].values()) else 1), run.stderr
+  assert re.search(r'; jax \S+ on cpu, torch ', run.stdout)  # both sides on the CPU
   assert data['steps'] == {
       'jax_adamw': 4, 'jax_multisteps': 2, 'gnts_optax': 2, 'gnts_fused': 2,
       'torch_adamw': 4, 'torch_gqc': 2, 'jax_grads': 0, 'torch_grads': 0,
