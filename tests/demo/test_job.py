@@ -49,7 +49,7 @@ def test_quick_run_writes_the_frontier_the_critical_arm_and_a_verdict(quick):
       sum(a['summary']['seconds'] for a in records)
   )
   assert f"time: {saved['seconds']['training']:.0f} s training" in stdout
-  # and the wall time of the whole job, which holds the arms' and more.
+  # And the job's wall time in all, of which the arms' is a part.
   seconds = saved['seconds']
   assert seconds['total'] > seconds['training'] + seconds['compiling']
   assert f"{seconds['total']:.0f} s in all" in stdout
