@@ -16,6 +16,22 @@ def _missing(module: str) -> bool:
     return True
 
 
+def _on_the_cpu() -> None:
+  """Runs the suite on the CPU, as CI does, unless ``JAX_PLATFORMS`` is set.
+
+  Its bitwise expectations and compiled-program counts are the CPU's
+  (CONTRIBUTING.md, "On a GPU"), so a machine with a GPU runs it on its CPU
+  too; ``JAX_PLATFORMS=cuda python -m pytest`` runs it on the GPU. The
+  subprocesses the suite starts inherit the setting through the environment.
+  """
+  if 'JAX_PLATFORMS' in os.environ:
+    return
+  os.environ['JAX_PLATFORMS'] = 'cpu'
+  import jax
+
+  jax.config.update('jax_platforms', 'cpu')  # should a plugin have imported jax already
+
+
 def _keep_compiled_programs(config) -> None:
   """Keeps the suite's compiled programs between runs, in pytest's cache folder.
 
@@ -46,6 +62,7 @@ def _keep_compiled_programs(config) -> None:
 
 
 def pytest_configure(config):
+  _on_the_cpu()
   _keep_compiled_programs(config)
   # The PyTorch and Flax bridges raise ImportError on import without their
   # library, which would fail doctest collection of optax_gqc/. --ignore holds

@@ -1,4 +1,4 @@
-"""The suite keeps its compiled programs between runs (``conftest.py``)."""
+"""What ``conftest.py`` sets for the whole run: the CPU, and compiled programs kept between runs."""
 
 import os
 
@@ -26,3 +26,12 @@ def test_the_suite_keeps_its_compiled_programs_in_pytests_cache(pytestconfig):
   assert float(kept_by_the_suite(1.0)) == 3.0
   # Written although it compiles in milliseconds, far under JAX's default of 1 s.
   assert list(folder.glob('jit_kept_by_the_suite-*-cache'))
+
+
+def test_the_suite_runs_on_the_cpu_unless_jax_platforms_says_otherwise():
+  # conftest.py sets JAX_PLATFORMS=cpu where the run did not set it.
+  assert 'JAX_PLATFORMS' in os.environ
+  if os.environ['JAX_PLATFORMS'] != 'cpu':
+    pytest.skip(f"JAX_PLATFORMS={os.environ['JAX_PLATFORMS']!r} was set for the run")
+  assert jax.default_backend() == 'cpu'
+  assert {d.platform for d in jax.devices()} == {'cpu'}
