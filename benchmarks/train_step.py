@@ -94,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def set_threads(threads: int, omp_wait_policy: str) -> dict[str, str]:
-  """Sets both libraries' thread counts; only takes effect before jax and torch are imported."""
+  """Sets both libraries' thread counts, and JAX to the CPU; before jax and torch are imported."""
   if 'jax' in sys.modules or 'torch' in sys.modules:
     raise RuntimeError('set_threads must run before jax and torch are imported')
   cores = sorted(os.sched_getaffinity(0))
