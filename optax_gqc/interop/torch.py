@@ -209,9 +209,9 @@ def load_into(module: _TensorSource, tree: Mapping[str, Any]) -> None:
   params = _named_tensors(module)
   _check_same_names('load_into', params, tree)
   with torch.no_grad():
-    for name, value in tree.items():
+    # One wait on a GPU for all the copies, not one a leaf.
+    for name, source in zip(tree, _copies_to_torch(list(tree.values()), None), strict=True):
       target = params[name]
-      source = to_torch(value)
       if tuple(source.shape) != tuple(target.shape):
         raise ValueError(
             f'load_into: {name!r} has shape {tuple(source.shape)}, the parameter '
@@ -252,9 +252,10 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
   params = _named_tensors(module)
   _check_same_names('set_grads', params, grads)
   tensors, values = [], []
-  for name, value in grads.items():
+  # One wait on a GPU for all the copies, not one a leaf.
+  for name, g in zip(grads, _copies_to_torch(list(grads.values()), None), strict=True):
     target = params[name]
-    g = to_torch(value).to(device=target.device, dtype=target.dtype)
+    g = g.to(device=target.device, dtype=target.dtype)
     if tuple(g.shape) != tuple(target.shape):
       raise ValueError(
           f'set_grads: {name!r} has shape {tuple(g.shape)}, the parameter {tuple(target.shape)}'
