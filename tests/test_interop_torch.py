@@ -86,6 +86,9 @@ def test_to_torch_copies_into_torchs_own_memory():
   for tensor in [tshim.to_torch(arrays['a']), *tshim.tree_to_torch(arrays).values()]:
     assert tensor.untyped_storage().resizable()
   assert tshim.to_torch(arrays['a'], 'cpu').untyped_storage().resizable()
+  params = {'a': torch.nn.Parameter(torch.zeros(2, 3))}
+  tshim.set_grads(params, {'a': arrays['a']})  # the copy itself becomes .grad
+  assert params['a'].grad.untyped_storage().resizable()
   np.testing.assert_array_equal(tshim.to_torch(arrays['a']).numpy(), np.asarray(arrays['a']))
 
 
