@@ -4,6 +4,8 @@ import importlib.util
 import os
 import shutil
 
+import pytest
+
 # A run that finds more than this in the cache folder empties it first. (JAX's
 # own size limit would scan the whole folder, under a file lock, at each write.)
 _CACHE_LIMIT_BYTES = 2**30
@@ -30,6 +32,34 @@ def _on_the_cpu() -> None:
   import jax
 
   jax.config.update('jax_platforms', 'cpu')  # should a plugin have imported jax already
+
+
+def _deterministic_sums() -> None:
+  """Off the CPU, asks XLA for sums in a fixed order (``--xla_gpu_deterministic_ops``).
+
+  The demo's and the study's tests run a program twice and compare the results
+  bit for bit; XLA:GPU may otherwise sum with atomic adds (an embedding's
+  gradient is a scatter-add), in an order that varies. A value of the flag
+  already in ``XLA_FLAGS`` is left as it is.
+  """
+  flags = os.environ.get('XLA_FLAGS', '')
+  if os.environ['JAX_PLATFORMS'] == 'cpu' or '--xla_gpu_deterministic_ops' in flags:
+    return
+  os.environ['XLA_FLAGS'] = f'{flags} --xla_gpu_deterministic_ops=true'.strip()
+
+
+# Doctests whose output is XLA:CPU's; tests mark themselves @pytest.mark.cpu_only(reason).
+CPU_ONLY_DOCTESTS = {
+    'optax_gqc._noise_scale.noise_scale_estimates': "it prints XLA:CPU's exact divisions",
+    'optax_gqc.interop.torch.to_torch': 'it prints a tensor on the CPU',
+    'optax_gqc.interop.torch_replay.replay': "it prints XLA:CPU's parameters to the last digit",
+}
+
+
+def cpu_only_reason(item) -> str | None:
+  """Why ``item`` checks what only XLA:CPU does (its programs, its rounding), or None."""
+  marker = item.get_closest_marker('cpu_only')
+  return marker.args[0] if marker else CPU_ONLY_DOCTESTS.get(item.name)
 
 
 def _keep_compiled_programs(config) -> None:
@@ -63,6 +93,7 @@ def _keep_compiled_programs(config) -> None:
 
 def pytest_configure(config):
   _on_the_cpu()
+  _deterministic_sums()
   _keep_compiled_programs(config)
   # The PyTorch and Flax bridges raise ImportError on import without their
   # library, which would fail doctest collection of optax_gqc/. --ignore holds
@@ -74,3 +105,16 @@ def pytest_configure(config):
   if _missing('flax'):
     ignore += [str(interop / 'nnx.py')]
   config.option.ignore = [*(config.option.ignore or []), *ignore]
+
+
+def pytest_collection_modifyitems(config, items):
+  """Off the CPU, skips the tests of what only XLA:CPU does, each with its reason."""
+  marked = [(item, reason) for item in items if (reason := cpu_only_reason(item))]
+  if not marked:  # e.g. pytest-xdist's controller, which collects nothing: jax stays asleep
+    return
+  import jax
+
+  backend = jax.default_backend()
+  if backend != 'cpu':
+    for item, reason in marked:
+      item.add_marker(pytest.mark.skip(reason=f'XLA:CPU only ({backend} here): {reason}'))

@@ -1,9 +1,18 @@
-"""What ``conftest.py`` sets for the whole run: the CPU, and compiled programs kept between runs."""
+"""What ``conftest.py`` sets for the run: the CPU, compiled programs kept, XLA:CPU-only tests."""
 
+import importlib.util
 import os
+import pathlib
 
 import jax
 import pytest
+
+# The root conftest.py, as a module of its own: tests/parity has a conftest too.
+_spec = importlib.util.spec_from_file_location(
+    'root_conftest', pathlib.Path(__file__).parents[1] / 'conftest.py'
+)
+conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(conftest)
 
 
 def test_the_suite_keeps_its_compiled_programs_in_pytests_cache(pytestconfig):
@@ -35,3 +44,59 @@ def test_the_suite_runs_on_the_cpu_unless_jax_platforms_says_otherwise():
     pytest.skip(f"JAX_PLATFORMS={os.environ['JAX_PLATFORMS']!r} was set for the run")
   assert jax.default_backend() == 'cpu'
   assert {d.platform for d in jax.devices()} == {'cpu'}
+
+
+@pytest.mark.parametrize(
+    ('platforms', 'flags', 'expected'),
+    [
+        ('cuda', '', '--xla_gpu_deterministic_ops=true'),
+        ('cuda', '--xla_dump_to=d', '--xla_dump_to=d --xla_gpu_deterministic_ops=true'),
+        ('cuda', '--xla_gpu_deterministic_ops=false', '--xla_gpu_deterministic_ops=false'),
+        ('cpu', '--xla_dump_to=d', '--xla_dump_to=d'),
+    ],
+)
+def test_off_the_cpu_the_suite_asks_xla_for_sums_in_a_fixed_order(
+    monkeypatch, platforms, flags, expected
+):
+  monkeypatch.setenv('JAX_PLATFORMS', platforms)
+  monkeypatch.setenv('XLA_FLAGS', flags)
+  conftest._deterministic_sums()
+  assert os.environ['XLA_FLAGS'] == expected
+
+
+class _Item:
+  """What conftest's hook reads of a collected test, and the markers it adds."""
+
+  def __init__(self, name, marker=None):
+    self.name, self.marker, self.added = name, marker, []
+
+  def get_closest_marker(self, name):
+    return self.marker if name == 'cpu_only' else None
+
+  def add_marker(self, marker):
+    self.added.append(marker)
+
+
+@pytest.mark.parametrize('backend', ['cpu', 'gpu'])
+def test_off_the_cpu_the_tests_of_what_only_xla_cpu_does_are_skipped(monkeypatch, backend):
+  monkeypatch.setattr(jax, 'default_backend', lambda: backend)
+  marked = _Item('test_fusions', pytest.mark.cpu_only('counts fusions').mark)
+  doctest = _Item('optax_gqc.interop.torch.to_torch')
+  other = _Item('test_anything_else')
+  conftest.pytest_collection_modifyitems(None, [marked, doctest, other])
+  assert other.added == []
+  if backend == 'cpu':
+    assert marked.added == doctest.added == []
+  else:
+    skips = [item.added[0].mark for item in (marked, doctest)]
+    assert [m.name for m in skips] == ['skip', 'skip']
+    assert skips[0].kwargs['reason'] == 'XLA:CPU only (gpu here): counts fusions'
+    assert skips[1].kwargs['reason'].endswith(conftest.CPU_ONLY_DOCTESTS[doctest.name])
+
+
+@pytest.mark.parametrize('name', sorted(conftest.CPU_ONLY_DOCTESTS))
+def test_each_cpu_only_doctest_is_one_of_the_package(name):
+  module, _, function = name.rpartition('.')
+  if module.startswith('optax_gqc.interop.torch'):
+    pytest.importorskip('torch')
+  assert '>>> ' in importlib.import_module(module).__dict__[function].__doc__
