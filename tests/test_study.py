@@ -156,10 +156,11 @@ def test_paired_interval_compiles_its_quantile_once(caplog):
 )
 def test_frontier_study_rejects_bad_arguments(kwargs, match):
   args = {'learning_rates': (0.1,), 'ks': (1, 2), 'seeds': (0,), 'evals': 2, **kwargs}
+  # The arguments are checked before any data is read but its shape: zeros shaped
+  # like data(0), with no random draw to compile.
+  batches = (np.zeros((96, 2, 4), np.float32), np.zeros((96, 2), np.float32))
   with pytest.raises(ValueError, match=match):
-    study.frontier_study(
-        loss_fn, jnp.zeros(4), data(0), eval_batches=data(9, 2, 8), arms={}, **args
-    )
+    study.frontier_study(loss_fn, np.zeros(4), batches, eval_batches=batches, arms={}, **args)
 
 
 def test_lr_schedule_warms_up_then_decays_to_its_final_fraction():
