@@ -24,7 +24,6 @@ import argparse
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 
 import jax
@@ -33,6 +32,7 @@ import optax
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / 'benchmarks'))
 import compile as bench  # noqa: E402  (benchmarks/compile.py)
+from kernels import fusions_and_modules  # noqa: E402  (docs/compile/kernels.py)
 
 from optax_gqc._numerics import kept_cond, sq_norm  # noqa: E402
 
@@ -144,11 +144,7 @@ def kernels(leaves):
   for n in leaves:
     shape = jax.eval_shape(lambda n=n: bench.make_params(n))
     for name in NAMES:
-      step, args = fresh_step(name, shape)
-      with tempfile.TemporaryDirectory() as dump:
-        compiled = step.lower(*args).compile(compiler_options={'xla_dump_to': dump})
-        emitted = len(list(pathlib.Path(dump).glob('*.ir-with-opt.ll')))
-      fusions = bench.hlo_size(compiled.as_text())['fusions']
+      fusions, emitted = fusions_and_modules(*fresh_step(name, shape))
       print(f'{n:4d} leaves  {name:12s} {fusions:5d} fusions  {emitted:3d} kernels')
 
 
