@@ -14,7 +14,8 @@ engine does, a leaf per parameter. ``stacked`` keeps it as one array per
 ``(shape, dtype)``, the gradient's leaves stacked into it (one kernel per
 group for the write and for each norm), and reads each leaf back for adamw at
 its constant offset; ``stacked_dyn`` reads it back at an offset held in the
-state, one int32 scalar per leaf, which XLA cannot fold into the kernel. It
+state, one int32 scalar per leaf, which XLA cannot fold into the kernel (every
+layout carries those scalars, so that the three states differ in the sum alone). It
 prints trace+compile of ``benchmarks/compile.py``'s train step for each, with
 adamw, the bare cond and ``gnts`` (``--kernels``: the fusions and the distinct
 kernels XLA emits).
