@@ -11,7 +11,9 @@ at 128 leaves"), not a benchmark. For each candidate NAME of
 then ``python docs/compile/phases.py NAME.txt ...`` prints the CPU seconds per
 compile spent under each phase's function (its "children" share of the samples,
 over the ``reps + 1`` compiles of the run: give ``--compiles`` if ``--reps``
-was not 5). The lowering's Python is in the samples too, and in no phase.
+was not 5). The lowering's Python is in the samples too, and in no phase. The
+first row is XLA's compile call on the calling thread; LLVM's code generation
+runs on threads of its own, the last row.
 """
 
 import argparse
@@ -19,7 +21,7 @@ import pathlib
 import re
 
 PHASES = (
-    ('the whole compile', 'xla::PjRtCpuClient::CompileAndLoad'),
+    ('the compile call, LLVM aside', 'xla::PjRtCpuClient::CompileAndLoad'),
     ('StableHLO to HLO', 'xla::MlirToXlaComputation'),
     ('HLO passes', 'xla::cpu::CpuCompiler::RunHloPasses'),
     ('  of which copy insertion', 'xla::CopyInsertion::RunImpl'),
@@ -48,9 +50,9 @@ def main() -> None:
   parser.add_argument('--compiles', type=int, default=6)
   args = parser.parse_args()
   runs = {p.stem: seconds_by_symbol(p.read_text(), args.compiles) for p in args.reports}
-  print(f"{'CPU s per compile':28s}" + ''.join(f'{name:>14s}' for name in runs))
+  print(f"{'CPU s per compile':30s}" + ''.join(f'{name:>14s}' for name in runs))
   for label, symbol in PHASES:
-    print(f'{label:28s}' + ''.join(f'{s.get(symbol, 0.0):14.3f}' for s in runs.values()))
+    print(f'{label:30s}' + ''.join(f'{s.get(symbol, 0.0):14.3f}' for s in runs.values()))
 
 
 if __name__ == '__main__':
