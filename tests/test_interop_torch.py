@@ -3,6 +3,7 @@
 import importlib
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -78,6 +79,26 @@ def test_conversions_copy():
 
 
 @needs_torch
+def test_to_jax_puts_a_cpu_tensor_on_jaxs_default_device(monkeypatch):
+  t = torch.arange(6.0).reshape(2, 3)
+  assert tshim.to_jax(t).devices() == {jax.devices()[0]}  # on a GPU, the GPU
+  bits = torch.tensor([1.0, -2.5, 3e38, float('nan')], dtype=torch.bfloat16)
+  tensors = [t, t.T, bits, torch.arange(3, dtype=torch.int32)]
+  by_dlpack = [tshim.to_jax(x) for x in tensors]
+  # Where JAX computes elsewhere, the tensor goes through host memory, as a
+  # NumPy array would: here the CPU stands in for that other device.
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  for tensor, expected in zip(tensors, by_dlpack, strict=True):
+    a = tshim.to_jax(tensor)
+    assert a.dtype == expected.dtype and a.shape == tuple(tensor.shape)
+    assert not a.committed and a.devices() == {jax.devices()[0]}
+    np.testing.assert_array_equal(_bits(a), _bits(expected))
+  a = tshim.to_jax(t)
+  t.add_(100.0)  # the copy is the array's own
+  np.testing.assert_array_equal(np.asarray(a), np.arange(6.0).reshape(2, 3))
+
+
+@needs_torch
 def test_to_torch_copies_into_torchs_own_memory():
   # Torch's allocator, not JAX's, owns the copies: a storage that torch did not
   # allocate (a DLPack or from_blob one) cannot be resized. On a GPU, memory
@@ -89,7 +110,7 @@ def test_to_torch_copies_into_torchs_own_memory():
   params = {'a': torch.nn.Parameter(torch.zeros(2, 3))}
   tshim.set_grads(params, {'a': arrays['a']})  # the copy itself becomes .grad
   assert params['a'].grad.untyped_storage().resizable()
-  np.testing.assert_array_equal(tshim.to_torch(arrays['a']).numpy(), np.asarray(arrays['a']))
+  np.testing.assert_array_equal(tshim.to_torch(arrays['a']).cpu().numpy(), np.asarray(arrays['a']))
 
 
 @needs_torch

@@ -35,15 +35,21 @@ __all__ = [
     'tree_to_torch',
 ]
 
+# JAX's backend for a torch device type, where DLPack hands JAX the tensor's memory.
+_JAX_PLATFORM = {'cpu': 'cpu', 'cuda': 'gpu'}
+
 _TensorSource = torch.nn.Module | Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
 
 def to_jax(tensor: torch.Tensor) -> jax.Array:
   """Copies a torch tensor into a new JAX array of the same shape and dtype.
 
-  The tensor is detached and copied once (on its device) and handed to JAX by
-  DLPack, so later in-place changes to the tensor do not reach the array. A
-  tensor on an accelerator that JAX does not use is brought to the CPU.
+  The tensor is detached and copied once (on its device), so later in-place
+  changes to the tensor do not reach the array. A tensor on the platform of
+  JAX's default backend (the CPU, or a CUDA GPU) is handed to JAX by DLPack and
+  stays on its device. Any other (a CPU tensor when JAX computes on a GPU, say)
+  goes through host memory to JAX's default device, as :func:`jax.numpy.asarray`
+  puts a NumPy array there.
 
   Args:
     tensor: any torch tensor, e.g. a parameter or its ``.grad``.
@@ -60,10 +66,13 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
   if not isinstance(tensor, torch.Tensor):
     raise TypeError(f'to_jax takes a torch.Tensor, got {type(tensor).__name__}')
   t = tensor.detach()
-  if t.device.type != 'cpu' and jax.default_backend() == 'cpu':
-    t = t.cpu()
-  # JAX's own copy=True can alias a CPU buffer, so the copy is made here.
-  return jax.dlpack.from_dlpack(t.clone(memory_format=torch.contiguous_format))
+  if _JAX_PLATFORM.get(t.device.type) == jax.default_backend():
+    # JAX's own copy=True can alias a CPU buffer, so the copy is made here.
+    return jax.dlpack.from_dlpack(t.clone(memory_format=torch.contiguous_format))
+  host = t.to('cpu', memory_format=torch.contiguous_format, copy=True)
+  if host.dtype == torch.bfloat16:  # NumPy has no bfloat16: read the bits
+    return jnp.asarray(host.view(torch.int16).numpy().view(jnp.bfloat16))
+  return jnp.asarray(host.numpy())
 
 
 def to_torch(array: Any, device: torch.device | str | None = None) -> torch.Tensor:
