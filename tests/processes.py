@@ -15,13 +15,18 @@ import jax
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pythonpath() -> str:
+  """``PYTHONPATH`` for a process that imports this checkout first, then what the run imports."""
+  return os.pathsep.join([ROOT, *filter(None, [os.environ.get('PYTHONPATH')])])
+
+
 def cpu_env(num_devices: int) -> dict[str, str]:
   """The environment of a process with ``num_devices`` CPU devices that imports this checkout."""
   return dict(
       os.environ,
       XLA_FLAGS=f'--xla_force_host_platform_device_count={num_devices}',
       JAX_PLATFORMS='cpu',
-      PYTHONPATH=ROOT,
+      PYTHONPATH=pythonpath(),
   )
 
 

@@ -34,7 +34,7 @@ def example():
 @pytest.fixture(scope='module')
 def runs(example):
   with pytest.MonkeyPatch.context() as mp:
-    mp.setenv('PYTHONPATH', processes.ROOT)  # the workers import this checkout
+    mp.setenv('PYTHONPATH', processes.pythonpath())  # the workers import this checkout
     return {
         layout: example.launch(*layout, timeout=180)
         for layout in [(2, 4), (1, 8), (1, 1)]  # (processes, devices per process)
@@ -67,7 +67,7 @@ def test_each_process_decides_as_one_process(runs, process, reference):
 
 
 def test_workers_past_their_time_are_killed(example, monkeypatch):
-  monkeypatch.setenv('PYTHONPATH', processes.ROOT)
+  monkeypatch.setenv('PYTHONPATH', processes.pythonpath())
   start = time.monotonic()
   with pytest.raises(RuntimeError, match=r'worker 0 exited with -9'):
     example.launch(2, 4, timeout=1)  # too short to start jax

@@ -7,10 +7,11 @@ temporary directory: nothing is written back.
 """
 
 import importlib
-import os
 import pathlib
 
 import pytest
+
+from tests import processes
 
 pytestmark = pytest.mark.slow
 
@@ -49,8 +50,7 @@ def test_notebook_is_committed_without_outputs(name):
 def test_notebook_runs_and_passes_its_checks(name, monkeypatch, tmp_path):
   monkeypatch.setenv('OPTAX_GQC_NOTEBOOK_QUICK', '1')
   # The kernel imports this checkout's package, not another installed copy.
-  path = os.environ.get('PYTHONPATH')
-  monkeypatch.setenv('PYTHONPATH', os.pathsep.join([str(ROOT), *([path] if path else [])]))
+  monkeypatch.setenv('PYTHONPATH', processes.pythonpath())
   monkeypatch.delenv('MPLBACKEND', raising=False)  # the kernel's inline backend draws the plots
   nb = read(name)
   # A failing cell, including a failing assert in the checks, raises CellExecutionError.
