@@ -23,7 +23,7 @@ def _on_the_cpu() -> None:
 
   Its bitwise expectations and compiled-program counts are the CPU's
   (CONTRIBUTING.md, "On a GPU"), so a machine with a GPU runs it on its CPU
-  too; ``JAX_PLATFORMS=cuda python -m pytest`` runs it on the GPU. The
+  too; ``JAX_PLATFORMS=cuda,cpu python -m pytest`` runs it on the GPU. The
   subprocesses the suite starts inherit the setting through the environment.
   """
   if 'JAX_PLATFORMS' in os.environ:

