@@ -1,9 +1,9 @@
 """PyTorch interop: parameters and gradients as JAX pytrees, and back.
 
 A torch module's parameters become a flat ``dict`` from parameter name (as in
-``module.named_parameters()``) to :class:`jax.Array`, and back. Conversions go
-through DLPack with one copy, never through Python lists, and keep the dtype
-(``bfloat16`` included). The copy matters: torch updates parameters in place,
+``module.named_parameters()``) to :class:`jax.Array`, and back. Conversions
+copy through DLPack (or, between platforms, host memory), never through Python
+lists, and keep the dtype (``bfloat16`` included). The copy matters: torch updates parameters in place,
 and a JAX array must never change under its holder.
 
 The replay harness that runs a torch optimizer and an Optax transformation
@@ -44,12 +44,12 @@ _TensorSource = torch.nn.Module | Mapping[str, torch.Tensor] | Iterable[tuple[st
 def to_jax(tensor: torch.Tensor) -> jax.Array:
   """Copies a torch tensor into a new JAX array of the same shape and dtype.
 
-  The tensor is detached and copied once (on its device), so later in-place
-  changes to the tensor do not reach the array. A tensor on the platform of
-  JAX's default backend (the CPU, or a CUDA GPU) is handed to JAX by DLPack and
-  stays on its device. Any other (a CPU tensor when JAX computes on a GPU, say)
-  goes through host memory to JAX's default device, as :func:`jax.numpy.asarray`
-  puts a NumPy array there.
+  The tensor is detached and copied, so later in-place changes to the tensor
+  do not reach the array. A tensor on the platform of JAX's default backend
+  (the CPU, or a CUDA GPU) is handed to JAX by DLPack and stays on its device.
+  Any other (a CPU tensor when JAX computes on a GPU, say) goes through host
+  memory to JAX's default device, as :func:`jax.numpy.asarray` puts a NumPy
+  array there.
 
   Args:
     tensor: any torch tensor, e.g. a parameter or its ``.grad``.
