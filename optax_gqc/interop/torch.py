@@ -3,8 +3,9 @@
 A torch module's parameters become a flat ``dict`` from parameter name (as in
 ``module.named_parameters()``) to :class:`jax.Array`, and back. Conversions
 copy through DLPack (or, between platforms, host memory), never through Python
-lists, and keep the dtype (``bfloat16`` included). The copy matters: torch updates parameters in place,
-and a JAX array must never change under its holder.
+lists, and keep the dtype (``bfloat16`` included). The copy matters: torch
+updates parameters in place, and a JAX array must never change under its
+holder.
 
 The replay harness that runs a torch optimizer and an Optax transformation
 side by side is :mod:`optax_gqc.interop.torch_replay`.
