@@ -50,8 +50,9 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=4)
   parser.add_argument('--default-model', action='store_true', help="the main job's model")
-  parser.add_argument('--opt-level', type=int, help="XLA's backend optimization level")
-  parser.add_argument('--concurrent', action='store_true', help='the arms compiled at once')
+  how = parser.add_mutually_exclusive_group()
+  how.add_argument('--opt-level', type=int, help="XLA's backend optimization level")
+  how.add_argument('--concurrent', action='store_true', help='the arms compiled at once')
   options = parser.parse_args(argv)
   level = options.opt_level
   compiler_options = None if level is None else {'xla_backend_optimization_level': level}
