@@ -76,6 +76,9 @@ VARIANTS = {
     'no_checks': ('gnts', {(_accumulation, 'check_state'): lambda *a, **k: None}),
     # No second trace of the inner optimizer for the zero updates' shapes.
     'no_second_trace': ('gnts', {(_accumulation, 'jax'): 'eval_shape'}),
+    # The fused step's updates added to the parameters without _numerics.rounded
+    # (not bitwise equal to the Optax path).
+    'no_rounded': ('gnts_fused', {(_accumulation, 'rounded'): lambda tree, zero: tree}),
     # Each squared norm as one reduction over the concatenated leaves.
     'norms_concatenated': ('gnts', {(_numerics, '_sum_sq'): _sum_sq_concatenated}),
     # Each leaf's squared norm as a dot product with itself.

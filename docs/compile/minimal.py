@@ -103,12 +103,38 @@ CANDIDATES = {
 }
 
 
-def compile_seconds(make, fused: bool, params) -> tuple[float, int]:
-  """Trace + compile seconds of a fresh train step with ``make()``, and its fusions."""
+def compile_seconds(make, fused: bool, params) -> tuple[float, int, int]:
+  """Trace + compile seconds of a fresh train step with ``make()``, its instructions and fusions."""
   step, args = bench.jitted_step(make(), fused, params)
-  start = time.perf_counter()
-  compiled = step.lower(*args).compile()
-  return time.perf_counter() - start, bench.hlo_size(compiled.as_text())['fusions']
+  with bench.gc_off():
+    start = time.perf_counter()
+    compiled = step.lower(*args).compile()
+    seconds = time.perf_counter() - start
+  size = bench.hlo_size(compiled.as_text())
+  return seconds, size['instructions'], size['fusions']
+
+
+def table(candidates, leaves: list[int], rounds: int) -> None:
+  """Prints each of ``candidates`` (name: ``(make, fused)``, adamw's first) against adamw's."""
+  jax.config.update('jax_enable_compilation_cache', False)
+  for n in leaves:
+    params = jax.eval_shape(functools.partial(bench.make_params, n))
+    for make, fused in candidates.values():  # untimed: what JAX builds once per process
+      compile_seconds(make, fused, params)
+    times = {name: [] for name in candidates}
+    sizes = {}
+    for _ in range(rounds):
+      for name, (make, fused) in candidates.items():
+        seconds, *sizes[name] = compile_seconds(make, fused, params)
+        times[name].append(seconds)
+    adamw_s = statistics.median(times['optax.adamw'])
+    for name in candidates:
+      seconds = statistics.median(times[name])
+      print(
+          f'{n:4d} leaves  {name:48s} {seconds:.3f} s  {seconds / adamw_s:5.2f}x adamw  '
+          f'{sizes[name][0]:6d} instructions  {sizes[name][1]:5d} fusions',
+          flush=True,
+      )
 
 
 def main(argv=None):
@@ -116,24 +142,7 @@ def main(argv=None):
   parser.add_argument('--leaves', type=int, nargs='+', default=[8, 32])
   parser.add_argument('--rounds', type=int, default=5)
   args = parser.parse_args(argv)
-  for n in args.leaves:
-    params = jax.eval_shape(functools.partial(bench.make_params, n))
-    for make, fused in CANDIDATES.values():  # untimed: what JAX builds once per process
-      compile_seconds(make, fused, params)
-    times = {name: [] for name in CANDIDATES}
-    fusions = {}
-    for _ in range(args.rounds):
-      for name, (make, fused) in CANDIDATES.items():
-        seconds, fusions[name] = compile_seconds(make, fused, params)
-        times[name].append(seconds)
-    adamw_s = statistics.median(times['optax.adamw'])
-    for name in CANDIDATES:
-      seconds = statistics.median(times[name])
-      print(
-          f'{n:4d} leaves  {name:48s} {seconds:.3f} s  {seconds / adamw_s:5.2f}x adamw  '
-          f'{fusions[name]:4d} fusions',
-          flush=True,
-      )
+  table(CANDIDATES, args.leaves, args.rounds)
 
 
 if __name__ == '__main__':
