@@ -19,7 +19,10 @@ size of the optimized program: its HLO instructions, fusions and conditionals
 in ``compiled.as_text()``. A reference row, ``cond_floor``, is adamw in a bare
 ``lax.cond`` with an accumulator and nothing else (and, as in the engine, a
 barrier that keeps the cond): what any accumulation that steps in one cond
-compiles to here. It has no target.
+compiles to here. A second, ``least_gnts``, is that cond stepping on GNTS's
+relative test of the two squared norms, with the skip of a non-finite
+microbatch and one counter: what any GNTS compiles to here. Neither has a
+target.
 
 Targets, ratios within one run at every depth: ``gnts`` at most 1.5x
 ``optax.adamw``'s trace+compile time, on the Optax path and fused; every other
@@ -45,7 +48,7 @@ from _common import hlo_size
 from _report import finish, print_targets
 
 import optax_gqc
-from optax_gqc._numerics import kept_cond
+from optax_gqc._numerics import kept_cond, sq_norm
 
 WIDTH = 16
 
@@ -59,6 +62,7 @@ LABELS = {
     'noise_ratio': 'noise_ratio_accumulation(adamw, 0.1)',
     'loss_interval': 'accumulate(adamw, loss_interval(0.95, 0.1))',
     'cond_floor': 'reference: adamw in a bare lax.cond, every 8',
+    'least_gnts': 'reference: the least GNTS, on both norms',
 }
 
 # The candidates held to within GATE_RATIO of gnts on the Optax path.
@@ -119,6 +123,51 @@ def cond_floor(inner: optax.GradientTransformation, every: int) -> optax.Gradien
   return optax.GradientTransformation(init, update)
 
 
+def least_gnts(
+    inner: optax.GradientTransformation, max_draws: int, relative: bool, finite: bool = False
+) -> optax_gqc.AccumulationTransformation:
+  """The bare cond, stepping on GNTS's decision and on nothing else.
+
+  With ``relative``, it steps when ``||mean|| <= 0.5 ||g||`` (both squared
+  norms, as `gnts`'s relative threshold reads them); otherwise when ``||mean||
+  <= 0.1``. With ``finite``, a microbatch with a non-finite norm is skipped.
+  One counter, no statistics, no noise scale, no checks: what any GNTS compiles
+  to on this backend. Not a usable optimizer, a reference row. Like the
+  engine, it has a fused path (:func:`optax_gqc.update_and_apply`), whose cond
+  returns the new parameters.
+  """
+
+  def init(params):
+    return jnp.zeros([], jnp.int32), optax.tree.zeros_like(params), inner.init(params)
+
+  def step_fn(grads, state, params, apply):
+    count, acc, inner_state = state
+    grad_sq = sq_norm(grads)
+    ok = jnp.isfinite(grad_sq) if finite else jnp.asarray(True)
+    acc = jax.tree.map(lambda a, g: jnp.where(ok, jnp.where(count == 0, g, a + g), a), acc, grads)
+    n = count + 1
+    mean_sq = sq_norm(acc) / jnp.square(n.astype(jnp.float32))
+    bound = 0.25 * grad_sq if relative else 0.01
+    step = ok & ((mean_sq <= bound) | (n >= max_draws))
+
+    def do_step(acc, inner_state, params):
+      updates, inner_state = inner.update(jax.tree.map(lambda a: a / n, acc), inner_state, params)
+      out = optax.apply_updates(params, updates) if apply else updates
+      return out, inner_state, kept_cond(jnp.asarray(True))  # as in cond_floor
+
+    def do_accumulate(acc, inner_state, params):
+      return (params if apply else optax.tree.zeros_like(acc)), inner_state, jnp.asarray(False)
+
+    out, inner_state, stepped = jax.lax.cond(step, do_step, do_accumulate, acc, inner_state, params)
+    return out, (jnp.where(stepped, 0, jnp.where(ok, n, count)), acc, inner_state)
+
+  return optax_gqc.AccumulationTransformation(
+      init,
+      lambda grads, state, params=None: step_fn(grads, state, params, apply=False),
+      lambda grads, state, params: step_fn(grads, state, params, apply=True),
+  )
+
+
 def make_optimizer(name: str) -> tuple[optax.GradientTransformation, bool]:
   """A fresh ``(optimizer, fused)`` for a key of ``LABELS``."""
   adamw = optax.adamw(1e-3)
@@ -139,6 +188,8 @@ def make_optimizer(name: str) -> tuple[optax.GradientTransformation, bool]:
     return optax_gqc.accumulate(adamw, gates.loss_interval(0.95, 0.1)), False
   if name == 'cond_floor':
     return cond_floor(adamw, 8), False
+  if name == 'least_gnts':
+    return least_gnts(adamw, 64, relative=True, finite=True), False
   raise ValueError(f'unknown candidate {name!r}')
 
 

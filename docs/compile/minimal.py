@@ -1,8 +1,11 @@
 """The least a GNTS step compiles to, built up a piece at a time to the engine's.
 
 A record of the measurement behind docs/benchmarks.md ("What the algorithm
-costs, and what the engine's state costs"), not a benchmark: the ``minimal``
-steps are not usable optimizers (no statistics, no noise scale, no checks).
+costs, and what the engine's state costs"), not a benchmark: the steps
+between the bare cond and the engine (``benchmarks/compile.py``'s
+``least_gnts``, whose cond has returned a flag through a barrier, as the
+engine's does, since it moved there) are not usable optimizers (no
+statistics, no noise scale, no checks).
 Each candidate is ``benchmarks/compile.py``'s train step, on the Optax path or
 fused, compiled fresh and interleaved in rounds with adamw's; the table gives
 the median trace + compile time of ``--rounds`` (after one untimed round) and
@@ -19,56 +22,12 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import optax
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / 'benchmarks'))
 import compile as bench  # noqa: E402  (benchmarks/compile.py)
 
 import optax_gqc  # noqa: E402
-from optax_gqc._numerics import sq_norm  # noqa: E402
-
-
-def minimal(
-    inner: optax.GradientTransformation, max_draws: int, relative: bool, finite: bool = False
-) -> optax_gqc.AccumulationTransformation:
-  """The bare cond, stepping on GNTS's decision and on nothing else.
-
-  With ``relative``, it steps when ``||mean|| <= 0.5 ||g||`` (both squared
-  norms, as `gnts`'s relative threshold reads them); otherwise when ``||mean||
-  <= 0.1``. With ``finite``, a microbatch with a non-finite norm is skipped.
-  Like the engine, it has a fused path (:func:`optax_gqc.update_and_apply`),
-  whose cond returns the new parameters.
-  """
-
-  def init(params):
-    return jnp.zeros([], jnp.int32), optax.tree.zeros_like(params), inner.init(params)
-
-  def step_fn(grads, state, params, apply):
-    count, acc, inner_state = state
-    grad_sq = sq_norm(grads)
-    ok = jnp.isfinite(grad_sq) if finite else jnp.asarray(True)
-    acc = jax.tree.map(lambda a, g: jnp.where(ok, jnp.where(count == 0, g, a + g), a), acc, grads)
-    n = count + 1
-    mean_sq = sq_norm(acc) / jnp.square(n.astype(jnp.float32))
-    bound = 0.25 * grad_sq if relative else 0.01
-    step = ok & ((mean_sq <= bound) | (n >= max_draws))
-
-    def do_step(acc, inner_state, params):
-      updates, inner_state = inner.update(jax.tree.map(lambda a: a / n, acc), inner_state, params)
-      return (optax.apply_updates(params, updates) if apply else updates), inner_state
-
-    def do_accumulate(acc, inner_state, params):
-      return (params if apply else optax.tree.zeros_like(acc)), inner_state
-
-    out, inner_state = jax.lax.cond(step, do_step, do_accumulate, acc, inner_state, params)
-    return out, (jnp.where(step, 0, jnp.where(ok, n, count)), acc, inner_state)
-
-  return optax_gqc.AccumulationTransformation(
-      init,
-      lambda grads, state, params=None: step_fn(grads, state, params, apply=False),
-      lambda grads, state, params: step_fn(grads, state, params, apply=True),
-  )
 
 
 def adamw() -> optax.GradientTransformation:
@@ -76,7 +35,7 @@ def adamw() -> optax.GradientTransformation:
 
 
 def _minimal_with_skip() -> optax_gqc.AccumulationTransformation:
-  return minimal(adamw(), 64, relative=True, finite=True)
+  return bench.least_gnts(adamw(), 64, relative=True, finite=True)
 
 
 def _gnts() -> optax.GradientTransformation:
@@ -87,9 +46,12 @@ def _gnts() -> optax.GradientTransformation:
 CANDIDATES = {
     'optax.adamw': (adamw, False),
     'adamw in a bare cond, every 8': (lambda: bench.cond_floor(adamw(), 8), False),
-    "+ the mean's norm: ||mean|| <= 0.1": (lambda: minimal(adamw(), 64, relative=False), False),
+    "+ the mean's norm: ||mean|| <= 0.1": (
+        lambda: bench.least_gnts(adamw(), 64, relative=False),
+        False,
+    ),
     "+ the gradient's: ||mean|| <= 0.5 ||g||": (
-        lambda: minimal(adamw(), 64, relative=True),
+        lambda: bench.least_gnts(adamw(), 64, relative=True),
         False,
     ),
     '+ the skip of a non-finite microbatch': (_minimal_with_skip, False),
