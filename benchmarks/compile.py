@@ -21,8 +21,8 @@ in ``compiled.as_text()``. A reference row, ``cond_floor``, is adamw in a bare
 barrier that keeps the cond): what any accumulation that steps in one cond
 compiles to here. A second, ``least_gnts``, is that cond stepping on GNTS's
 relative test of the two squared norms, with the skip of a non-finite
-microbatch and one counter: what any GNTS compiles to here. Neither has a
-target.
+microbatch and one counter: the least any GNTS compiles to here. Neither has
+a target.
 
 Targets, ratios within one run at every depth: ``gnts`` at most 1.5x
 ``optax.adamw``'s trace+compile time, on the Optax path and fused; every other
@@ -131,8 +131,8 @@ def least_gnts(
   With ``relative``, it steps when ``||mean|| <= 0.5 ||g||`` (both squared
   norms, as `gnts`'s relative threshold reads them); otherwise when ``||mean||
   <= 0.1``. With ``finite``, a microbatch with a non-finite norm is skipped.
-  One counter, no statistics, no noise scale, no checks: what any GNTS compiles
-  to on this backend. Not a usable optimizer, a reference row. Like the
+  One counter, no statistics, no noise scale, no checks: the least any GNTS
+  compiles to on this backend. Not a usable optimizer, a reference row. Like the
   engine, it has a fused path (:func:`optax_gqc.update_and_apply`), whose cond
   returns the new parameters.
   """
