@@ -48,7 +48,7 @@ def groups_of(tree):
   return list(groups.values())
 
 
-def least_gnts(inner, layout):
+def least_gnts_by_layout(inner, layout):
   """GNTS's least: ``layout`` is ``'norms'``, ``'stacked'`` or ``'stacked_dyn'``."""
   stacked = layout != 'norms'
 
@@ -107,7 +107,7 @@ NAMES = ('adamw', 'cond_floor', 'norms', 'stacked', 'stacked_dyn', 'gnts')
 def fresh_step(name, shape):
   if name in ('adamw', 'cond_floor', 'gnts'):
     return bench.fresh_step(name, shape)
-  return bench.jitted_step(least_gnts(optax.adamw(1e-3), name), False, shape)
+  return bench.jitted_step(least_gnts_by_layout(optax.adamw(1e-3), name), False, shape)
 
 
 def compile_once(name, shape):
