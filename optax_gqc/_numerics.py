@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _sq_abs(x: jax.Array) -> jax.Array:
+def sq_abs(x: jax.Array) -> jax.Array:
   """``|x|^2`` in float32 (complex leaves included)."""
   if jnp.iscomplexobj(x):
     x = x.astype(jnp.complex64)
@@ -42,7 +42,7 @@ def _sum_sq(leaves: list[Any]) -> jax.Array:
     return jnp.zeros([], jnp.float32)
   # abs is the identity on these sums (non-negative, or NaN, or +inf), and
   # keeps XLA from rewriting the sum of the stacked sums back into a chain.
-  return jnp.sum(jnp.abs(jnp.stack([jnp.sum(_sq_abs(x)) for x in leaves])))
+  return jnp.sum(jnp.abs(jnp.stack([jnp.sum(sq_abs(x)) for x in leaves])))
 
 
 def sq_norm(tree: Any, axis_name: Any = None) -> jax.Array:
@@ -81,7 +81,8 @@ def rounded(tree: Any, zero: jax.Array) -> Any:
   (the Optax path). A round trip through the integer bits, plus a zero that
   the compiler cannot see (an int32 scalar that is 0 at run time), is an
   exact identity that no multiply can be contracted across. It costs an
-  integer add per element in a loop that is bound by memory.
+  integer add per element in a loop that is bound by memory. Its derivative is
+  the identity's, as the Optax path's.
   """
 
   def leaf(x):
@@ -89,11 +90,21 @@ def rounded(tree: Any, zero: jax.Array) -> Any:
       return jax.lax.complex(leaf(x.real), leaf(x.imag))
     if not jnp.issubdtype(x.dtype, jnp.floating):
       return x
-    bits = jnp.dtype(f'int{8 * x.dtype.itemsize}')
-    raw = jax.lax.bitcast_convert_type(x, bits)
-    return jax.lax.bitcast_convert_type(raw + zero.astype(bits), x.dtype)
+    return _through_bits(x, zero)
 
   return jax.tree.map(leaf, tree)
+
+
+@jax.custom_jvp  # the identity's: JAX gives a bitcast to integers a zero derivative
+def _through_bits(x: jax.Array, zero: jax.Array) -> jax.Array:
+  bits = jnp.dtype(f'int{8 * x.dtype.itemsize}')
+  raw = jax.lax.bitcast_convert_type(x, bits)
+  return jax.lax.bitcast_convert_type(raw + zero.astype(bits), x.dtype)
+
+
+@_through_bits.defjvp
+def _through_bits_jvp(primals, tangents):
+  return _through_bits(*primals), tangents[0]
 
 
 def kept_cond(flag: jax.Array) -> jax.Array:

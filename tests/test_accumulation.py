@@ -458,6 +458,29 @@ def test_update_and_apply_equals_the_optax_path_bitwise(name):
     assert not np.array_equal(params['w'], PARAMS['w'])
 
 
+def test_update_and_apply_differentiates_as_the_optax_path():
+  """Derivatives through the fused step (a learning rate's, the params') are the Optax path's."""
+  grads = grad_stream(6, seed=7)
+
+  def final_loss(lr, params, fused):
+    tx = optax_gqc.sbc(optax.adamw(lr, weight_decay=0.1), logical_batch_size=2, microbatch_size=1)
+    state = tx.init(params)
+    for g in grads:
+      if fused:
+        params, state = optax_gqc.update_and_apply(tx, g, state, params)
+      else:
+        updates, state = tx.update(g, state, params)
+        params = optax.apply_updates(params, updates)
+    return sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(params))
+
+  grad = jax.jit(jax.grad(final_loss, argnums=(0, 1)), static_argnums=2)
+  d_lr, d_params = grad(0.1, PARAMS, True)
+  ref_lr, ref_params = grad(0.1, PARAMS, False)
+  assert float(ref_lr) != 0.0
+  np.testing.assert_allclose(d_lr, ref_lr, rtol=1e-5)
+  chex.assert_trees_all_close(d_params, ref_params, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize('cond_order', ['as_jax_traces_it', 'zero_branch_first'])
 def test_optax_path_traces_the_inner_optimizer_once(cond_order, monkeypatch):
   """The zero updates take their shapes from the step branch's trace.

@@ -49,7 +49,7 @@ def _eval_shape_without_inner(f, *args):
 
 
 def _sum_sq_concatenated(leaves):
-  return jnp.sum(jnp.concatenate([jnp.ravel(_numerics._sq_abs(x)) for x in leaves]))
+  return jnp.sum(jnp.concatenate([jnp.ravel(_numerics.sq_abs(x)) for x in leaves]))
 
 
 def _sum_sq_dot(leaves):
