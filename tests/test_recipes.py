@@ -345,6 +345,41 @@ def test_recipes_train_bf16_params_without_nan(name):
   assert np.any(np.asarray(params['w'] != start['w']))  # it trained
 
 
+def _decay_matrices(params):
+  return jax.tree.map(lambda x: x.ndim > 1, params)
+
+
+@pytest.mark.parametrize(
+    'make',
+    [
+        lambda **kw: optax_gqc.scheduled_accumulation(
+            optax.adamw,
+            optax_gqc.gates.batch_size_at_least(1, 1),
+            {'learning_rate': lambda t: 0.1},
+            **kw,
+        ),
+        lambda **kw: optax_gqc.sbc_with_polynomial_schedule(
+            0.1, 1, 1.0, 1.0, total_microbatches=100, warmup_microbatches=0, **kw
+        ),
+        lambda **kw: optax_gqc.gnr_with_cosine_schedule(0.1, 1.0, 1.0, 100, 0, **kw),
+    ],
+    ids=['scheduled_accumulation', 'sbc_recipe', 'gnr_recipe'],
+)
+def test_an_optimizer_argument_given_as_a_function_reaches_the_optimizer(make):
+  # inject_hyperparams takes any function for a schedule: adamw's mask, a
+  # function of the params, would be called on the step count.
+  params = {'w': jnp.ones((2, 2)), 'b': jnp.ones(2)}
+  zero = jax.tree.map(jnp.zeros_like, params)  # only the weight decay moves the params
+  tx = make(weight_decay=0.5, mask=_decay_matrices, mu_dtype=jnp.bfloat16)
+  state = tx.init(params)
+  assert optax.tree.get(state, 'mu')['w'].dtype == jnp.bfloat16
+  for _ in range(3):
+    updates, state = jax.jit(tx.update)(zero, state, params)
+    params = optax.apply_updates(params, updates)
+  assert np.all(np.asarray(params['w']) < 1.0)  # decayed
+  np.testing.assert_array_equal(params['b'], np.ones(2))  # masked out
+
+
 def _run_params(tx, grads, before=None):
   """Parameters after each microbatch of the fused path; ``before`` edits the state first."""
   params, state = {'w': jnp.zeros(6)}, tx.init({'w': jnp.zeros(6)})
