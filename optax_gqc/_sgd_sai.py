@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks
+from optax_gqc._numerics import sq_abs
 
 
 class ScaleByGsnrState(NamedTuple):
@@ -49,15 +50,16 @@ def _leaf_gsnr(u: jax.Array, eps: Any) -> tuple[jax.Array, jax.Array]:
 
   Two passes: the mean, as the first entry plus the mean offset from it, then
   the spread about it. A constant leaf gets its own value as the mean, hence a
-  spread of exactly zero, which marks it degenerate (g-SNR 1).
+  spread of exactly zero, which marks it degenerate (g-SNR 1). A complex leaf
+  takes the modulus in both, about its complex mean, as ``torch.std`` does.
   """
-  x = u.astype(jnp.float32).ravel()
-  norm = jnp.sqrt(jnp.sum(jnp.square(x)))
+  x = u.astype(jnp.complex64 if jnp.iscomplexobj(u) else jnp.float32).ravel()
+  norm = jnp.sqrt(jnp.sum(sq_abs(x)))
   nonzero = norm > 0
   if x.size < 2:  # no spread is defined for one element
     return jnp.ones([], jnp.float32), nonzero
   center = x[0] + jnp.mean(x - x[0])  # exactly x[0] when the entries are equal
-  std = jnp.sqrt(jnp.sum(jnp.square(x - center)) / (x.size - 1))
+  std = jnp.sqrt(jnp.sum(sq_abs(x - center)) / (x.size - 1))
   gsnr = jnp.where(std > 0, norm / (std + jnp.asarray(eps, jnp.float32)), 1.0)
   return gsnr.astype(jnp.float32), nonzero
 

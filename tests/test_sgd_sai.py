@@ -267,6 +267,27 @@ def test_constant_first_gradient_gets_gsnr_one():
     assert np.all(np.isfinite(ours[1][k]))
 
 
+def test_complex_params_match_the_reference():
+  # The g-SNR of a complex leaf takes moduli about its complex mean, as torch.std does;
+  # the real part alone would give a purely imaginary gradient a g-SNR of 0.
+  rng = np.random.default_rng(9)
+
+  def complex_tree(shift):
+    return {
+        k: (rng.normal(size=s) + 1j * rng.normal(size=s) + shift).astype(np.complex64)
+        for k, s in SHAPES.items()
+    }
+
+  params = complex_tree(0.0)
+  grads = [complex_tree(0.3j) for _ in range(4)]
+  want, opt, tensors = run_reference(params, grads, lr=1e-2, weight_decay=1e-2)
+  ours, state = run(sgd_sai(1e-2, weight_decay=1e-2), params, grads)
+  gsnr = optax.tree.get(state, 'gsnr')
+  for k in SHAPES:
+    assert float(gsnr[k]) == pytest.approx(ref_gsnr(opt, tensors)[k], rel=1e-5)
+    np.testing.assert_allclose(ours[-1][k], want[k], rtol=1e-5, atol=1e-6)
+
+
 def test_momentum_zero_is_plain_scaled_sgd():
   rng = np.random.default_rng(5)
   params = random_tree(rng, SHAPES)
