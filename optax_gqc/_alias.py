@@ -81,7 +81,9 @@ def gnts(
       norms, constant or a schedule; selects the relative mode.
     eta: the norm test's allowed relative error of the mean; 0.8 by default
       in the relative mode, no valve in the absolute mode.
-    max_draws: the most microbatches accumulated before a step is forced.
+    max_draws: the most microbatches accumulated before a step is forced;
+      None for no limit, but for the noise-following gate, which needs one
+      (it raises ``ValueError``).
     microbatch_size: examples per microbatch (optional, for statistics: the
       noise scale and ``target_batch_size`` are then in examples).
     accumulator_dtype: dtype of the accumulator; None means float32.
@@ -100,7 +102,8 @@ def gnts(
 
   Raises:
     ValueError: if more than one of ``threshold``, ``ratio`` and ``fraction``
-      is given, or ``eta`` without ``ratio`` or ``threshold``.
+      is given, ``eta`` without ``ratio`` or ``threshold``, or ``max_draws=None``
+      with the noise-following gate.
 
   Example:
     >>> import jax, jax.numpy as jnp, optax, optax_gqc
@@ -142,6 +145,13 @@ def gnts(
   if isinstance(scale_by_draws, str) and scale_by_draws != 'default':
     raise ValueError(f'scale_by_draws must be a function of n or None, got {scale_by_draws!r}')
   noise_following = threshold is None and ratio is None
+  if noise_following and max_draws is None:
+    raise ValueError(
+        'gnts: max_draws=None with the noise-following gate (the default): where the noise '
+        'swamps the signal, the noise scale and the batch are infinite, and the estimate is '
+        'refreshed only at steps, so it would stop stepping for good. Give max_draws (64 by '
+        'default), or pass ratio=... or threshold=... for a gate that needs no limit'
+    )
   if scale_by_draws == 'default':
     scale_by_draws = jnp.sqrt if noise_following else None
   if noise_following:

@@ -197,8 +197,9 @@ def noise_scale(
     A :class:`optax.GradientTransformation` that returns its input.
 
   Raises:
-    ValueError: at trace time, under ``check_vma=True``, if a gradient leaf
-      does not vary across ``axis_name``, i.e. is already summed.
+    ValueError: at trace time, if ``axis_name`` spans one device, or, under
+      ``check_vma=True``, if a gradient leaf does not vary across
+      ``axis_name``, i.e. is already summed.
 
   Example:
     Four devices as the lanes of a named ``vmap``, one gradient each:
@@ -236,6 +237,12 @@ def noise_scale(
           'data-parallel axis'
       ) from e
     _check_per_device(updates, axis_name)
+    if isinstance(devices, int) and devices < 2:
+      raise ValueError(
+          f'noise_scale: axis_name {axis_name!r} spans one device, whose batch is both the small '
+          'and the big one, so there is no noise to measure: map it over two devices or more, '
+          'or on one device read the noise scale of an accumulation (optax_gqc.statistics)'
+      )
     small_sq = jax.lax.pmean(sq_norm(updates), axis_name)
     big_sq = sq_norm(jax.lax.pmean(updates, axis_name))
     grad_sq, trace = noise_scale_estimates(batch, small_sq, devices * batch, big_sq)

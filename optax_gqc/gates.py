@@ -305,7 +305,9 @@ def critical_batch(
   negative would read as an infinite noise scale. Past the bootstrap, an
   estimate of :math:`|G|^2 \le 0` (the noise swamps the signal) sends the
   target to ``max_batch_size``, or, without one, to the engine's ``max_draws``
-  (such steps count in ``num_forced``). A step of one microbatch
+  (such steps count in ``num_forced``). With neither (``max_draws=None``) no
+  step ends such an accumulation, and since the estimate is refreshed only at
+  steps, the run stops stepping for good. A step of one microbatch
   gives the engine no estimate, so while the target is under two
   microbatches, every ``probe_every``-th step takes two, which keeps the
   estimate following training.

@@ -143,6 +143,18 @@ AT_CONSTRUCTION = {
         'max_draws',
         r'below 2\*\*31.*pass at most 2147483647, or max_draws=None',
     ),
+    'gnts noise-following without max_draws': (
+        lambda: optax_gqc.gnts(sgd(), max_draws=None),
+        ValueError,
+        'max_draws',
+        r'stop stepping for good. Give max_draws',
+    ),
+    'sbc infinite batch without max_draws': (
+        lambda: optax_gqc.sbc(sgd(), float('inf'), 8),
+        ValueError,
+        'logical_batch_size',
+        r'no step would ever be taken. Pass a finite logical_batch_size, or max_draws',
+    ),
     'sbc max_draws below its batch': (
         lambda: optax_gqc.sbc(sgd(), 800, 8, max_draws=64),
         ValueError,

@@ -139,6 +139,15 @@ def test_standalone_noise_scale_needs_axis_name():
     optax_gqc.noise_scale(0.99)  # pytype: disable=missing-parameter
 
 
+def test_standalone_noise_scale_over_one_device_raises():
+  # One device's batch is both the small and the big one: the estimate would be 0 / 0.
+  tx = optax_gqc.noise_scale(0.9, axis_name='data')
+  state = tx.init({'w': jnp.zeros(2)})
+  update = jax.vmap(tx.update, axis_name='data', in_axes=(0, None), out_axes=(0, None))
+  with pytest.raises(ValueError, match='spans one device'):
+    update({'w': jnp.ones((1, 2))}, state)
+
+
 SHARD_MAP_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np, optax_gqc
     from jax.sharding import Mesh, PartitionSpec as P
