@@ -16,6 +16,9 @@ class ScaleToNormState(NamedTuple):
   count: jax.Array  # int32: updates seen, the argument of the target schedule.
   target: jax.Array  # float32: the target norm used at the latest update.
   grad_norm: jax.Array  # float32: ||g|| of the latest gradient, before rescaling.
+  # int32: updates at which a scheduled target was NaN, infinite or negative
+  # (their update is zero).
+  num_bad_hyperparams: jax.Array
 
 
 def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformation:
@@ -25,7 +28,9 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
 
     g \leftarrow g \cdot \frac{\text{target}(t)}{\|g\|},
 
-  and a zero update when :math:`\|g\| = 0`. Chain it in front of any
+  and a zero update when :math:`\|g\| = 0`, or when a scheduled target is
+  NaN, infinite or negative, which ``num_bad_hyperparams`` counts (a negative
+  target would reverse the step). Chain it in front of any
   optimizer; :func:`gnr` does that. Unlike ``optax.clip_by_global_norm`` it
   also scales short gradients up.
 
@@ -59,15 +64,19 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
   def init_fn(params):
     del params
     count = jnp.zeros([], jnp.int32)
-    return ScaleToNormState(count, value_at(count), jnp.zeros([], jnp.float32))
+    zero_f, zero_i = jnp.zeros([], jnp.float32), jnp.zeros([], jnp.int32)
+    return ScaleToNormState(count, value_at(count), zero_f, zero_i)
 
   def update_fn(updates, state, params=None):
     del params
     norm = jnp.sqrt(sq_norm(updates))
     goal = value_at(state.count)
-    scale = jnp.where(norm > 0, goal / jnp.where(norm > 0, norm, 1.0), 0.0)
+    bad = ~(jnp.isfinite(goal) & (goal >= 0))
+    scale = jnp.where((norm > 0) & ~bad, goal / jnp.where(norm > 0, norm, 1.0), 0.0)
     updates = jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates)
-    return updates, ScaleToNormState(optax.safe_increment(state.count), goal, norm)
+    return updates, ScaleToNormState(
+        optax.safe_increment(state.count), goal, norm, state.num_bad_hyperparams + bad
+    )
 
   return optax.GradientTransformation(init_fn, update_fn)
 
@@ -79,4 +88,5 @@ def report(s: ScaleToNormState) -> dict[str, jax.Array]:
       'num_steps': s.count,
       'target': s.target,
       'grad_norm': s.grad_norm,
+      'num_bad_hyperparams': s.num_bad_hyperparams,
   }

@@ -152,8 +152,9 @@ def statistics(state: Any) -> dict[str, jax.Array]:
 
   :func:`scale_to_norm` (and so :func:`gnr` and its recipes) reports
   ``num_microbatches`` and ``num_steps`` (equal: it steps on every microbatch),
-  ``target`` (the target norm at the latest update) and
-  ``grad_norm`` (the gradient's norm before rescaling). :func:`noise_scale`
+  ``target`` (the target norm at the latest update),
+  ``grad_norm`` (the gradient's norm before rescaling) and
+  ``num_bad_hyperparams``. :func:`noise_scale`
   reports ``noise_scale``, ``grad_sq_norm_est`` and ``trace_cov_est``.
   :func:`scale_by_gsnr` (and so :func:`sgd_sai`) reports ``gsnr_min`` and
   ``gsnr_max`` over the leaves that have their g-SNR (NaN while none has),
@@ -182,8 +183,9 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   was out of its domain at run time, where ``jax.jit`` cannot raise: a
   schedule that returned NaN or a negative value, or a bad value injected by
   ``optax.inject_hyperparams``. It adds up the engine's count (``max_draws``,
-  ``noise_decay``) and every gate's (which stays closed meanwhile, so that
-  ``max_draws`` forces the steps). It is 0 in a healthy run.
+  ``noise_decay``), every gate's (which stays closed meanwhile, so that
+  ``max_draws`` forces the steps) and :func:`scale_to_norm`'s (whose update
+  is zero meanwhile). It is 0 in a healthy run.
 
   Args:
     state: an optimizer state.
@@ -198,7 +200,10 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   out = {}
   for s in found:
     for name, value in _report_of(s)(s).items():
-      out.setdefault(name, value)
+      if name == 'num_bad_hyperparams' and name in out:
+        out[name] = out[name] + value
+      else:
+        out.setdefault(name, value)
   if 'num_microbatches' in out:  # torch-gqc's name, where its users log it
     out['num_batches'] = out['num_microbatches']
   return out

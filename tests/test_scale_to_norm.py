@@ -38,6 +38,27 @@ def test_scale_to_norm_of_zero_gradient_is_zero():
   assert all(np.all(np.asarray(u) == 0) for u in jax.tree.leaves(updates))
 
 
+def test_a_bad_scheduled_target_gives_a_zero_update_and_is_counted():
+  # A negative target would reverse the step; NaN and inf would poison the params.
+  targets = [1.0, -0.5, np.nan, np.inf, 2.0]
+  tx = optax_gqc.scale_to_norm(lambda t: jnp.asarray(targets)[t])
+  update = jax.jit(tx.update)
+  state = tx.init(grads(1)[0])
+  for t, g in enumerate(grads(len(targets))):
+    updates, state = update(g, state)
+    good = np.isfinite(targets[t]) and targets[t] >= 0
+    expected = targets[t] if good else 0.0
+    assert float(optax.tree.norm(updates)) == pytest.approx(expected, rel=1e-6)
+  assert int(state.num_bad_hyperparams) == 3
+  # statistics adds it to an accumulation's own count.
+  tx = optax_gqc.sbc(optax.chain(optax_gqc.scale_to_norm(lambda t: -1.0), optax.sgd(0.1)), 1, 1)
+  params = grads(1)[0]
+  state = tx.init(params)
+  for g in grads(2):
+    _, state = jax.jit(tx.update)(g, state, params)
+  assert int(optax_gqc.statistics(state)['num_bad_hyperparams']) == 2
+
+
 def test_scale_to_norm_keeps_bf16():
   g = grads(1, jnp.bfloat16)[0]
   tx = optax_gqc.scale_to_norm(1.0)

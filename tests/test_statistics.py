@@ -179,8 +179,16 @@ def test_statistics_of_gnr():
     _, state = tx.update(g, state, PARAMS)
   stats = optax_gqc.statistics(state)
   # It steps on every microbatch: as many microbatches as steps.
-  assert set(stats) == {'num_microbatches', 'num_batches', 'num_steps', 'target', 'grad_norm'}
+  assert set(stats) == {
+      'num_microbatches',
+      'num_batches',
+      'num_steps',
+      'target',
+      'grad_norm',
+      'num_bad_hyperparams',
+  }
   assert int(stats['num_microbatches']) == int(stats['num_steps']) == 2
+  assert int(stats['num_bad_hyperparams']) == 0
   assert float(stats['target']) == 2.0
   assert float(stats['grad_norm']) == pytest.approx(np.sqrt(6 * 4.0))
 
