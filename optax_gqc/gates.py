@@ -506,6 +506,12 @@ def loss_interval(
   gradient is still accumulated) and counts it in ``num_skipped_losses``.
   With no finite loss since the last step, the gate stays closed.
 
+  The half-width is relative to the mean, so the rule assumes a positive loss:
+  where the mean is negative (a Gaussian negative log-likelihood, an ELBO) the
+  gate never opens, and near zero it rarely does; ``max_draws`` then forces
+  every step (``num_forced``). Pass the loss plus a constant that keeps it
+  positive: the gradients do not change.
+
   Args:
     confidence: the interval's confidence in [0, 1), constant or a schedule.
     percent_error: its allowed half-width relative to the mean, >= 0.
