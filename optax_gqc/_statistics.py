@@ -65,8 +65,13 @@ def _count_report(s: Any) -> dict[str, jax.Array]:
 
 
 # Optax's states whose ``count`` counts their calls, not optimizer steps: an
-# inject_hyperparams around an accumulation calls it on every microbatch.
-_NOT_STEP_COUNTS = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
+# inject_hyperparams around an accumulation calls it on every microbatch;
+# reduce_on_plateau counts the calls within its accumulation of losses.
+_NOT_STEP_COUNTS = (
+    optax.InjectHyperparamsState,
+    optax.InjectStatefulHyperparamsState,
+    optax.contrib.ReduceLROnPlateauState,
+)
 
 
 def _counts_steps(x: Any) -> bool:
@@ -112,6 +117,8 @@ def _find_states(state: Any) -> list[Any]:
       found.append(x)
       if isinstance(x, AccumulateState):
         found.extend(_find_states(x.inner_state))
+      elif isinstance(x, optax.MultiStepsState):
+        found.extend(_find_states(x.inner_opt_state))
   return found
 
 
@@ -127,7 +134,7 @@ def statistics(state: Any) -> dict[str, jax.Array]:
 
   Finds the states of optax_gqc's transformations wherever they sit in a
   nested optimizer state (inside ``optax.chain``, ``optax.inject_hyperparams``,
-  an accumulation's inner state, or the ``opt_state`` of a Flax
+  ``optax.MultiSteps``, an accumulation's inner state, or the ``opt_state`` of a Flax
   ``nnx.Optimizer``), and reports each as below. Where two report the same
   name, an accumulation's entry comes first, then the others in traversal
   order; pass a part of the state (``statistics(state[0])``) to read

@@ -254,6 +254,21 @@ def test_statistics_of_optax_multisteps():
   assert int(stats['num_steps']) == 1 and int(stats['num_draws']) == 2
 
 
+def test_statistics_reads_inside_optax_multisteps():
+  # MultiSteps of 2 around an accumulation of 2: 8 microbatches, 4 means, 2 steps.
+  stats = optax_gqc.statistics(
+      last_state(optax.MultiSteps(optax_gqc.sbc(optax.sgd(1.0), 2, 1), 2), num=8)
+  )
+  assert int(stats['num_steps']) == 2 and int(stats['num_microbatches']) == 4
+  assert int(stats['logical_batch_size']) == 2
+
+
+def test_a_count_of_calls_is_not_read_as_steps():
+  # reduce_on_plateau's count runs over its accumulation of losses.
+  tx = optax.chain(optax.sgd(0.1), optax.contrib.reduce_on_plateau(accumulation_size=3))
+  assert optax_gqc.statistics(last_state(tx, num=4, value=1.0)) == {}
+
+
 def test_an_accumulations_count_comes_before_its_inner_optimizers():
   # inject_hyperparams counts microbatches, adam's count the steps: the
   # accumulation reports both under its own names.
