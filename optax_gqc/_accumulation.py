@@ -273,6 +273,11 @@ def accumulate(
   _checks.check_accumulator_dtype(accumulator_dtype)
   _checks.check_bool('skip_nonfinite', skip_nonfinite)
   _checks.check_unit_interval('noise_decay', noise_decay)
+  if isinstance(scale_by_draws, jax.Array):
+    raise TypeError(
+        'scale_by_draws must be a function of n, got an array: '
+        + _checks.INJECTED_FUNCTION.format(name='scale_by_draws')
+    )
   if scale_by_draws is not None and not callable(scale_by_draws):
     raise TypeError(
         f'scale_by_draws must be a function of n, got {scale_by_draws!r}: pass e.g. jnp.sqrt'

@@ -16,6 +16,13 @@ from optax_gqc._numerics import varying_axes
 _INT32_MAX = 2**31 - 1
 
 
+# optax.inject_hyperparams takes every callable argument for a schedule of its
+# step count, and passes its value, an array: a dtype or a function among them.
+INJECTED_FUNCTION = (
+    'under optax.inject_hyperparams, which takes a function or a dtype for a schedule and '
+    "passes its value, list it as static: optax.inject_hyperparams(f, static_args=('{name}',))"
+)
+
 def concrete_float(name: str, value: Any) -> float | None:
   """`value` as a float, or None when it is traced (inside `inject_hyperparams`)."""
   if isinstance(value, jax.core.Tracer):
@@ -140,6 +147,8 @@ def check_float_dtype(name: str, value: Any) -> None:
   """Raises unless ``value`` is None or names a floating-point or complex dtype."""
   if value is None:
     return
+  if isinstance(value, jax.Array):
+    raise TypeError(f'{name} must be a dtype, got an array: {INJECTED_FUNCTION.format(name=name)}')
   try:
     dtype = jnp.dtype(value)
   except TypeError as e:

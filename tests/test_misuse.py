@@ -24,6 +24,10 @@ from tests._helpers import grad_stream
 PARAMS = {'w': jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), 'b': jnp.ones(3)}
 
 
+def injected_gnts(**kwargs):
+  return optax.inject_hyperparams(optax_gqc.gnts)(sgd(), 0.5, **kwargs).init(PARAMS)
+
+
 def grads(num, seed=0):
   return grad_stream(num, seed, params=PARAMS)
 
@@ -154,6 +158,19 @@ AT_CONSTRUCTION = {
         ValueError,
         'logical_batch_size',
         r'no step would ever be taken. Pass a finite logical_batch_size, or max_draws',
+    ),
+    # inject_hyperparams takes a function or a dtype for a schedule (it raises at init).
+    'scale_by_draws injected as a schedule': (
+        lambda: injected_gnts(scale_by_draws=jnp.sqrt),
+        TypeError,
+        'scale_by_draws',
+        r"static_args=\('scale_by_draws',\)",
+    ),
+    'accumulator_dtype injected as a schedule': (
+        lambda: injected_gnts(accumulator_dtype=jnp.float32),
+        TypeError,
+        'accumulator_dtype',
+        r"static_args=\('accumulator_dtype',\)",
     ),
     'sbc max_draws below its batch': (
         lambda: optax_gqc.sbc(sgd(), 800, 8, max_draws=64),
