@@ -211,8 +211,9 @@ def accumulate(
     noise_decay: EMA decay of the noise-scale estimates (see below), in
       [0, 1); a traced value outside it leaves the estimates as they are, and
       counts in ``num_bad_hyperparams``.
-    scale_by_draws: optional function of :math:`n` (an int32 scalar) by which
-      the inner updates are multiplied at a step that averaged :math:`n`
+    scale_by_draws: optional function of :math:`n` (an int32 scalar) that
+      returns the scalar by which the inner updates are multiplied at a step
+      that averaged :math:`n`
       microbatches: the step then follows the batch. ``jnp.sqrt`` is the usual
       rule for Adam-like optimizers, ``lambda n: n`` for SGD.
     axis_name: inside ``jax.shard_map``, the mapped axis (or tuple of axes)
@@ -411,6 +412,11 @@ def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, appl
     stepped = kept_cond(jnp.asarray(True))
     if scale_by_draws is not None:
       scale = scale_by_draws(n)
+      if jnp.ndim(scale) != 0:
+        raise ValueError(
+            f'scale_by_draws must return a scalar, a factor for the whole step, but it returned '
+            f'an array of shape {jnp.shape(scale)}: pass a function of n such as jnp.sqrt'
+        )
       new_updates = jax.tree.map(lambda u: (u * scale).astype(u.dtype), new_updates)
     if apply:
       # n < 0 is a zero the compiler cannot see: see _numerics.rounded.

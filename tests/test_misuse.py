@@ -438,6 +438,14 @@ AT_CONSTRUCTION = {
 
 
 AT_FIRST_TRACE = {
+    'scale_by_draws returning an array': (
+        lambda: first_update(
+            optax_gqc.sbc(sgd(), 2, 1, scale_by_draws=lambda n: jnp.stack([n, n]))
+        ),
+        ValueError,
+        'scale_by_draws',
+        r'must return a scalar.*shape \(2,\)',
+    ),
     'state of the inner optimizer': (
         lambda: first_update(optax_gqc.gnts(sgd(), 0.5), state=sgd().init(PARAMS)),
         TypeError,
