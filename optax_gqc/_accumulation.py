@@ -213,9 +213,9 @@ def accumulate(
       counts in ``num_bad_hyperparams``.
     scale_by_draws: optional function of :math:`n` (an int32 scalar) that
       returns the scalar by which the inner updates are multiplied at a step
-      that averaged :math:`n`
-      microbatches: the step then follows the batch. ``jnp.sqrt`` is the usual
-      rule for Adam-like optimizers, ``lambda n: n`` for SGD.
+      that averaged :math:`n` microbatches: the step then follows the batch.
+      ``jnp.sqrt`` is the usual rule for Adam-like optimizers, ``lambda n: n``
+      for SGD.
     axis_name: inside ``jax.shard_map``, the mapped axis (or tuple of axes)
       over which the *parameters* are sharded, as in FSDP: every squared norm
       the gate and the noise scale read is summed across it, so every device
