@@ -127,6 +127,13 @@ def schedule_by_microbatch(
             f'{name!r}: build it with optax.inject_hyperparams, e.g. '
             f'optax.inject_hyperparams(optax.adamw)({name}=...)'
         )
+      if any(not hasattr(value, 'dtype') for _, value in found):
+        raise ValueError(
+            f'schedule_by_microbatch: the inner optimizer schedules {name!r} itself '
+            '(optax.inject_hyperparams was given a schedule for it, which keeps a state): give '
+            f'it a constant, e.g. optax.inject_hyperparams(optax.adamw)({name}=1e-3), and the '
+            'schedule to schedule_by_microbatch alone'
+        )
       values[name] = jnp.asarray(schedule(state.num_microbatches), found[0][1].dtype)
     return state._replace(inner_state=optax.tree.set(state.inner_state, **values))
 

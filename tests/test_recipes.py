@@ -450,3 +450,11 @@ def test_schedule_by_microbatch_needs_an_injected_hyperparameter():
   params = {'w': jnp.zeros(2)}
   with pytest.raises(ValueError, match='inject_hyperparams'):
     tx.update(params, tx.init(params), params)
+
+
+def test_schedule_by_microbatch_of_a_hyperparameter_the_inner_optimizer_schedules_raises():
+  inner = optax.inject_hyperparams(optax.sgd)(learning_rate=optax.constant_schedule(0.1))
+  tx = optax_gqc.schedule_by_microbatch(optax_gqc.sbc(inner, 2, 1), learning_rate=lambda t: 0.1)
+  params = {'w': jnp.zeros(2)}
+  with pytest.raises(ValueError, match=r"schedules 'learning_rate' itself.*give it a constant"):
+    tx.update(params, tx.init(params), params)
