@@ -23,6 +23,7 @@ INJECTED_FUNCTION = (
     "passes its value, list it as static: optax.inject_hyperparams(f, static_args=('{name}',))"
 )
 
+
 def concrete_float(name: str, value: Any) -> float | None:
   """`value` as a float, or None when it is traced (inside `inject_hyperparams`)."""
   if isinstance(value, jax.core.Tracer):
