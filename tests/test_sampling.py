@@ -76,11 +76,30 @@ def test_per_example_gradients_from_vmap_grad():
         ({}, 'either eta'),
         ({'eta': 0.5, 'theta': 0.1}, 'either eta'),
         ({'theta': 0.1}, 'both'),
+        ({'eta': -0.5}, 'eta must be > 0'),
+        ({'eta': float('nan')}, 'eta must be > 0'),
+        ({'theta': 0.0, 'nu': 0.5}, 'theta must be > 0'),
+        ({'theta': 0.5, 'nu': -1.0}, 'nu must be > 0'),
     ],
 )
 def test_bad_proposal_arguments(grads, kwargs, match):
   with pytest.raises(ValueError, match=match):
     sampling.propose_batch_size(grads, **kwargs)
+
+
+@pytest.mark.parametrize(
+    'test, name',
+    [
+        (sampling.norm_test, 'eta'),
+        (sampling.inner_product_test, 'theta'),
+        (sampling.orthogonality_test, 'nu'),
+    ],
+)
+def test_a_test_parameter_must_be_positive(grads, test, name):
+  # A negative one acted as its absolute value (it is squared); a NaN one failed every test.
+  for bad in (-0.5, float('nan')):
+    with pytest.raises(ValueError, match=f'{name} must be > 0'):
+      test(grads, bad)
 
 
 def test_needs_two_samples():
