@@ -19,8 +19,8 @@ _INT32_MAX = 2**31 - 1
 # optax.inject_hyperparams takes every callable argument for a schedule of its
 # step count, and passes its value, an array: a dtype or a function among them.
 INJECTED_FUNCTION = (
-    'under optax.inject_hyperparams, which takes a function or a dtype for a schedule and '
-    "passes its value, list it as static: optax.inject_hyperparams(f, static_args=('{name}',))"
+    'optax.inject_hyperparams takes a function or a dtype for a schedule, and passes its '
+    "value: list it as static, optax.inject_hyperparams(f, static_args=('{name}',))"
 )
 
 

@@ -134,8 +134,8 @@ def statistics(state: Any) -> dict[str, jax.Array]:
 
   Finds the states of optax_gqc's transformations wherever they sit in a
   nested optimizer state (inside ``optax.chain``, ``optax.inject_hyperparams``,
-  ``optax.MultiSteps``, an accumulation's inner state, or the ``opt_state`` of a Flax
-  ``nnx.Optimizer``), and reports each as below. Where two report the same
+  ``optax.MultiSteps``, an accumulation's inner state, or the ``opt_state`` of
+  a Flax ``nnx.Optimizer``), and reports each as below. Where two report the same
   name, an accumulation's entry comes first, then the others in traversal
   order; pass a part of the state (``statistics(state[0])``) to read
   another. Works under ``jax.jit``.
