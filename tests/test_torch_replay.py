@@ -39,6 +39,24 @@ def test_replay_agrees_for_the_same_optimizer_and_finds_a_difference():
   assert 'microbatch 1' in str(d)
 
 
+@pytest.mark.parametrize(
+    'torch_w, optax_w, where',
+    [
+        ([1.0, np.inf], [1.0, np.inf], None),  # equal infinities agree
+        ([1.0, np.inf], [5.0, np.inf], (1.0, 5.0)),  # an inf does not widen the tolerance
+        ([np.inf, 1.0], [0.0, 1.0], (np.inf, 0.0)),
+        ([-np.inf, 1.0], [np.inf, 1.0], (-np.inf, np.inf)),
+        ([np.nan, 1.0], [np.nan, 1.0], None),
+    ],
+)
+def test_first_divergence_compares_infinities_exactly(torch_w, optax_w, where):
+  record = torch_replay.Record(
+      0, None, True, True, {'w': np.array(torch_w)}, {'w': np.array(optax_w)}, {}, {}, {}, {}
+  )
+  d = torch_replay.first_divergence([record])
+  assert (d if d is None else (d.torch_value, d.optax_value)) == where
+
+
 def test_replay_reports_step_decisions_and_statistics():
   params = {'w': jnp.ones(3)}
   # Ours accumulates two microbatches per step; a plain torch optimizer steps every time.

@@ -308,9 +308,10 @@ def first_divergence(
   statistics and hyperparameters named on both sides; every parameter
   element. Scalars agree when ``|torch - optax| <= atol + rtol * |torch|``.
   A parameter entry agrees when ``|torch - optax| <= atol + rtol * s``, with
-  ``s`` the largest magnitude in its leaf on the torch side: float32 rounding
-  is relative to the scale of the arithmetic, and an entry passing near zero
-  keeps an absolute error of that scale. NaNs agree with NaNs. A statistic
+  ``s`` the largest finite magnitude in its leaf on the torch side: float32
+  rounding is relative to the scale of the arithmetic, and an entry passing
+  near zero keeps an absolute error of that scale. NaNs agree with NaNs, and
+  an infinity with the same infinity only. A statistic
   one side does not report (torch-gqc's ``last_grad_norm`` before the first
   step) is not compared.
 
@@ -352,9 +353,10 @@ def first_divergence(
       for name, t in r.torch_params.items():
         t = np.asarray(t, np.float64)
         o = np.asarray(r.optax_params[name], np.float64)
-        scale = np.max(np.abs(t), initial=0.0, where=~np.isnan(t))
-        err = np.abs(t - o)
-        bad = ~((err <= atol + rtol * scale) | (np.isnan(t) & np.isnan(o)))
+        scale = np.max(np.abs(t), initial=0.0, where=np.isfinite(t))
+        with np.errstate(invalid='ignore'):  # inf - inf: equal infinities agree below
+          err = np.abs(t - o)
+        bad = ~((err <= atol + rtol * scale) | (t == o) | (np.isnan(t) & np.isnan(o)))
         if bad.any():
           worst = np.where(bad, np.nan_to_num(err, nan=np.inf), -1.0)
           where = np.unravel_index(np.argmax(worst), t.shape)
