@@ -214,6 +214,11 @@ def merge(*results: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f'merge: the studies differ in {key}: {first[key]} vs {r[key]}')
   meta = {k: first[k] for k in ('learning_rates', 'ks', 'microbatches', 'arm_names')}
   meta['seeds'] = [s for r in results for s in r['seeds']]
+  if len(set(meta['seeds'])) != len(meta['seeds']):
+    raise ValueError(
+        f"merge: the studies share seeds ({meta['seeds']}): a seed run twice gives the same "
+        'runs, which the intervals would count as independent'
+    )
   return summarize([run for r in results for run in r['runs']], meta)
 
 
@@ -224,12 +229,20 @@ def _per_seed(value: Any, seed: int) -> Any:
 def _check_args(learning_rates, ks, seeds, evals, count):
   if not learning_rates or any(not (lr > 0) for lr in learning_rates):
     raise ValueError(f'learning_rates must be positive numbers, got {learning_rates!r}')
-  if 1 not in ks:
-    raise ValueError(f'ks must include 1, the control, got {ks!r}')
+  if 1 not in ks or len(set(ks)) < 2:
+    raise ValueError(
+        f'ks must include 1, the control, and another k: a frontier of one point gives no '
+        f'margin, got {ks!r}'
+    )
   for k in ks:
     _checks.check_positive_int('each k', k)
   if not seeds:
     raise ValueError('seeds must name at least one seed')
+  if len(set(seeds)) != len(seeds):
+    raise ValueError(
+        f'seeds must differ, got {seeds!r}: a seed run twice gives the same runs, which the '
+        'intervals would count as independent'
+    )
   _checks.check_positive_int('evals', evals)
   if count < evals * max(ks):
     raise ValueError(
@@ -262,7 +275,9 @@ def frontier_study(
     params: the initial parameters, or a function of the seed that returns them.
     microbatches: the training microbatches stacked on a leading axis (a
       pytree of arrays of shape ``[count, ...]``), or a function of the seed
-      that returns them. Every arm of a seed sees the same ones, in order.
+      that returns them. Every arm of a seed sees the same ones, in order:
+      the first ``count - count % evals``, so that the evaluations are evenly
+      spaced (the result's ``microbatches`` says how many).
     eval_batches: validation batches stacked on a leading axis (or a
       function of the seed): the validation loss is their mean loss.
     arms: the adaptive arms by name: functions of the inner optimizer that
@@ -296,6 +311,7 @@ def frontier_study(
   first = _per_seed(microbatches, seeds[0] if seeds else 0)
   count = jax.tree.leaves(first)[0].shape[0]
   _check_args(tuple(learning_rates), ks, tuple(seeds), evals, count)
+  count -= count % evals  # evaluations evenly spaced: the rest is left out
 
   def program(arm):
     def make_tx(peak, k):
@@ -355,10 +371,15 @@ def frontier_study(
 
 
 def _frontier(runs: Sequence[Mapping[str, Any]], seed: int) -> dict[int, Mapping[str, Any]]:
-  """Each ``k``'s run at its best rate on ``seed``: the seed's frontier."""
+  """Each ``k``'s run at its best rate on ``seed``, of those that stepped: the seed's frontier."""
   best = {}
   for r in runs:
-    if r['arm'] == 'fixed' and r['seed'] == seed and math.isfinite(r['val_loss']):
+    if (
+        r['arm'] == 'fixed'
+        and r['seed'] == seed
+        and r['num_steps'] > 0  # a run that never stepped has no place on the steps axis
+        and math.isfinite(r['val_loss'])
+    ):
       if r['k'] not in best or r['val_loss'] < best[r['k']]['val_loss']:
         best[r['k']] = r
   return dict(sorted(best.items()))

@@ -150,7 +150,9 @@ def test_paired_interval_compiles_its_quantile_once(caplog):
     [
         ({'learning_rates': ()}, 'learning_rates'),
         ({'ks': (2, 4)}, 'include 1'),
+        ({'ks': (1, 1)}, 'one point gives no margin'),
         ({'seeds': ()}, 'seeds'),
+        ({'seeds': (0, 1, 0)}, 'seeds must differ'),
         ({'evals': 60}, 'too few'),
     ],
 )
@@ -161,6 +163,42 @@ def test_frontier_study_rejects_bad_arguments(kwargs, match):
   batches = (np.zeros((96, 2, 4), np.float32), np.zeros((96, 2), np.float32))
   with pytest.raises(ValueError, match=match):
     study.frontier_study(loss_fn, np.zeros(4), batches, eval_batches=batches, arms={}, **args)
+
+
+def test_merge_refuses_studies_that_share_a_seed():
+  meta = {'learning_rates': [0.1], 'ks': [1, 2], 'microbatches': 8, 'arm_names': [], 'runs': []}
+  with pytest.raises(ValueError, match='share seeds'):
+    study.merge({**meta, 'seeds': [0, 1]}, {**meta, 'seeds': [1, 2]})
+
+
+def test_the_microbatches_past_whole_evaluation_blocks_are_left_out_and_said():
+  # 10 microbatches, 4 evaluations: 8 are trained, and the schedule runs over 8.
+  result = study.frontier_study(
+      loss_fn,
+      jnp.zeros(4),
+      data(0, count=10),
+      eval_batches=data(99, 2, 8),
+      arms={},
+      learning_rates=(0.1,),
+      ks=(1, 2),
+      seeds=(0,),
+      evals=4,
+  )
+  assert result['microbatches'] == 8
+  control = [r for r in result['runs'] if r['k'] == 1]
+  assert [r['steps'] for r in control] == [[2, 4, 6, 8]]
+
+
+def test_a_frontier_run_that_never_stepped_is_left_out():
+  # Every gradient NaN: the control never steps. It has no place on the steps axis.
+  runs = [
+      {'arm': 'fixed', 'seed': 0, 'k': 1, 'lr': 0.1, 'num_steps': 0, 'val_loss': 3.0},
+      {'arm': 'fixed', 'seed': 0, 'k': 2, 'lr': 0.1, 'num_steps': 0, 'val_loss': 3.0},
+      {'arm': 'a', 'seed': 0, 'k': None, 'lr': 0.1, 'num_steps': 0, 'val_loss': 3.0},
+  ]
+  assert study._frontier(runs, 0) == {}
+  got = study._arm_on_seed(runs, 'a', 0)
+  assert got['margin'] is None and got['step_ratio'] is None
 
 
 def test_lr_schedule_warms_up_then_decays_to_its_final_fraction():
