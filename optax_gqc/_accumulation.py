@@ -452,7 +452,7 @@ def _count(state, stats, ok, stepped, forced, max_draws, noise_decay) -> Accumul
   draws_ok = jnp.asarray(max_draws) >= 1
   decay_ok = (jnp.asarray(noise_decay) >= 0) & (jnp.asarray(noise_decay) < 1)
   # This step's estimates, in microbatches: the small batch is one microbatch.
-  grad_sq_est, trace_est = _noise_scale.noise_scale_estimates(
+  grad_sq_est, trace_est = _noise_scale.estimates(
       1.0, stats.sum_sq_norms / n, n, jnp.square(stats.acc_norm)
   )
   zero_f = jnp.zeros([], jnp.float32)

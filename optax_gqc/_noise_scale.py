@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from optax_gqc import _checks
@@ -42,6 +43,10 @@ def noise_scale_estimates(
   Returns:
     ``(grad_sq_norm, trace_cov)``, float32 scalars (or arrays, broadcast).
 
+  Raises:
+    ValueError: if the batch sizes are known (not traced, scalars) and are
+      not positive, or equal (which gives 0 / 0).
+
   Example:
     >>> import optax_gqc
     >>> [float(x) for x in optax_gqc.noise_scale_estimates(8, 7.25, 64, 1.78125)]
@@ -50,6 +55,26 @@ def noise_scale_estimates(
   References:
     McCandlish et al, `An Empirical Model of Large-Batch Training
     <https://arxiv.org/abs/1812.06162>`_, 2018
+  """
+  known = [
+      None if isinstance(b, jax.core.Tracer) or np.ndim(b) != 0 else float(b)
+      for b in (small_batch, big_batch)
+  ]
+  if None not in known and not (min(known) > 0 and known[0] != known[1]):
+    raise ValueError(
+        f'noise_scale_estimates: the batch sizes must be positive and differ, got '
+        f'small_batch={known[0]:g} and big_batch={known[1]:g}: equal sizes give 0 / 0'
+    )
+  return estimates(small_batch, small_sq_norm, big_batch, big_sq_norm)
+
+
+def estimates(
+    small_batch: Any, small_sq_norm: Any, big_batch: Any, big_sq_norm: Any
+) -> tuple[jax.Array, jax.Array]:
+  """:func:`noise_scale_estimates` without its check of the batch sizes.
+
+  The engine computes the estimates at every microbatch, a single one too
+  (``n = 1``), and folds them in only where ``n >= 2``.
   """
   b_s, g_s, b_b, g_b = (
       jnp.asarray(x, jnp.float32) for x in (small_batch, small_sq_norm, big_batch, big_sq_norm)
@@ -245,7 +270,7 @@ def noise_scale(
       )
     small_sq = jax.lax.pmean(sq_norm(updates), axis_name)
     big_sq = sq_norm(jax.lax.pmean(updates, axis_name))
-    grad_sq, trace = noise_scale_estimates(batch, small_sq, devices * batch, big_sq)
+    grad_sq, trace = estimates(batch, small_sq, devices * batch, big_sq)
     return updates, fold(state, grad_sq, trace, decay)
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -20,6 +20,15 @@ def test_golden_two_batch_estimates():
   np.testing.assert_allclose([grad_sq, trace], [1.0, 50.0], rtol=division_rtol(), atol=0)
 
 
+@pytest.mark.parametrize('small, big', [(8, 8), (0, 8), (-8, 64)])
+def test_two_batch_estimates_need_two_positive_sizes(small, big):
+  with pytest.raises(ValueError, match='positive and differ'):
+    optax_gqc.noise_scale_estimates(small, 7.25, big, 1.78125)
+  # Traced sizes pass: under jit they cannot be read.
+  out = jax.jit(optax_gqc.noise_scale_estimates)(small, 7.25, big, 1.78125)
+  assert len(out) == 2
+
+
 def regression_run(d, s, delta_norm, *, microbatch=4, draws=8, steps=4000, seed=0, gate=None):
   """Engine noise scale on linear regression, and the per-step estimates, from one stream.
 
