@@ -136,6 +136,23 @@ def test_grads_to_jax_and_set_grads():
 
 
 @needs_torch
+def test_grads_of_a_state_dict_raise():
+  # Its tensors are detached from the parameters: a .grad read there is none, one
+  # written there reaches no parameter.
+  model = _model(torch.float32)
+  model(torch.ones(2, 5)).sum().backward()
+  tree = tshim.params_to_jax(model)
+  with pytest.raises(ValueError, match=r'state_dict\(\).*named_parameters'):
+    tshim.grads_to_jax(model.state_dict())
+  with pytest.raises(ValueError, match=r'state_dict\(\).*named_parameters'):
+    tshim.set_grads(model.state_dict(), tree)
+  named = dict(model.named_parameters())
+  assert tshim.grads_to_jax(named).keys() == tree.keys()
+  tshim.set_grads(named, tree)
+  np.testing.assert_array_equal(model[0].weight.grad.numpy(), np.asarray(tree['0.weight']))
+
+
+@needs_torch
 def test_set_grads_casts_to_the_parameter_dtype():
   model = _model(torch.bfloat16)
   grads = {k: jnp.ones(v.shape, jnp.float32) for k, v in tshim.params_to_jax(model).items()}

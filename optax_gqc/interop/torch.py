@@ -135,6 +135,22 @@ def _named_tensors(source: _TensorSource) -> dict[str, torch.Tensor]:
   return named
 
 
+def _check_not_detached(where: str, source: _TensorSource, named: Mapping[str, torch.Tensor]):
+  """Raises if ``source`` holds only tensors cut off from autograd, as a ``state_dict()`` does.
+
+  Their ``.grad`` is not the model's: reading it gives nothing, and writing it
+  reaches no parameter.
+  """
+  if isinstance(source, torch.nn.Module) or not named:
+    return
+  if not any(t.requires_grad or t.grad is not None for t in named.values()):
+    raise ValueError(
+        f'{where}: none of these tensors requires grad or has a .grad; a state_dict() holds '
+        "tensors detached from the model's parameters, whose .grad the model never sees. Pass "
+        'the module, or dict(module.named_parameters())'
+    )
+
+
 def _check_same_names(where: str, have: Mapping[str, Any], given: Mapping[str, Any]) -> None:
   missing = sorted(set(have) - set(given))
   unexpected = sorted(set(given) - set(have))
@@ -173,10 +189,15 @@ def grads_to_jax(source: _TensorSource) -> dict[str, jax.Array]:
   always matches :func:`params_to_jax` of the same source.
 
   Args:
-    source: as in :func:`params_to_jax`.
+    source: as in :func:`params_to_jax`, except a ``state_dict()``, whose
+      tensors are detached from the parameters.
 
   Returns:
     A dict from each name to a copy of its gradient, in the parameter's dtype.
+
+  Raises:
+    ValueError: if no tensor of a mapping or pairs requires grad or has a
+      ``.grad`` (a ``state_dict()``'s).
 
   Example:
     >>> import torch
@@ -186,9 +207,11 @@ def grads_to_jax(source: _TensorSource) -> dict[str, jax.Array]:
     >>> grads_to_jax(layer)['weight']
     Array([[1., 1., 1.]], dtype=float32)
   """
+  named = _named_tensors(source)
+  _check_not_detached('grads_to_jax', source, named)
   return {
       name: to_jax(t.grad if t.grad is not None else torch.zeros_like(t))
-      for name, t in _named_tensors(source).items()
+      for name, t in named.items()
   }
 
 
@@ -241,14 +264,16 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
   require grad.
 
   Args:
-    module: as in :func:`params_to_jax`.
+    module: as in :func:`params_to_jax`, except a ``state_dict()``, whose
+      tensors are detached from the parameters.
     grads: a dict from every parameter name to an array of its shape; cast
       to the parameter's dtype and device.
     accumulate: add through autograd instead of replacing.
 
   Raises:
     KeyError: if the names differ from the module's.
-    ValueError: if a shape differs.
+    ValueError: if a shape differs, or if no tensor of a mapping or pairs
+      requires grad or has a ``.grad`` (a ``state_dict()``'s).
 
   Example:
     >>> import jax.numpy as jnp, torch
@@ -261,6 +286,7 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
   """
   params = _named_tensors(module)
   _check_same_names('set_grads', params, grads)
+  _check_not_detached('set_grads', module, params)
   tensors, values = [], []
   # One wait on a GPU for all the copies, not one a leaf.
   for name, g in zip(grads, _copies_to_torch(list(grads.values()), None), strict=True):
