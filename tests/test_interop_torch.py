@@ -153,6 +153,20 @@ def test_grads_of_a_state_dict_raise():
 
 
 @needs_torch
+def test_64_bit_values_are_kept_or_refused_never_wrapped():
+  # JAX's default (jax_enable_x64 off) makes int64 int32: values beyond it would wrap.
+  small = tshim.to_jax(torch.tensor([-3, 2**31 - 1]))
+  assert small.dtype == jnp.int32 and small.tolist() == [-3, 2**31 - 1]
+  for big in (torch.tensor([3_000_000_000]), torch.tensor([2**40], dtype=torch.uint64)):
+    with pytest.raises(OverflowError, match='jax_enable_x64'):
+      tshim.to_jax(big)
+  # NumPy's 64-bit arrays reach torch as they are, not through JAX's 32 bits.
+  for a in (np.array([3_000_000_000]), np.array([1 + 1e-12]), np.array([2**40], np.uint64)):
+    t = tshim.to_torch(a)
+    assert str(t.dtype) == f'torch.{a.dtype}' and t.tolist() == a.tolist()
+
+
+@needs_torch
 def test_set_grads_casts_to_the_parameter_dtype():
   model = _model(torch.bfloat16)
   grads = {k: jnp.ones(v.shape, jnp.float32) for k, v in tshim.params_to_jax(model).items()}

@@ -3,7 +3,8 @@
 A torch module's parameters become a flat ``dict`` from parameter name (as in
 ``module.named_parameters()``) to :class:`jax.Array`, and back. Conversions
 copy through DLPack (or, between platforms, host memory), never through Python
-lists, and keep the dtype (``bfloat16`` included). The copy matters: torch
+lists, and keep the dtype (``bfloat16`` included; a 64-bit one as JAX's
+``jax_enable_x64`` allows, see :func:`to_jax`). The copy matters: torch
 updates parameters in place, and a JAX array must never change under its
 holder.
 
@@ -25,6 +26,7 @@ except ImportError as e:
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     'grads_to_jax',
@@ -41,6 +43,11 @@ _JAX_PLATFORM = {'cpu': 'cpu', 'cuda': 'gpu'}
 
 _TensorSource = torch.nn.Module | Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
+# The 32-bit integers that JAX makes of torch's 64-bit ones while jax_enable_x64 is off.
+_NARROWED_INTS = {torch.int64: np.int32, torch.uint64: np.uint32}
+# NumPy's 64-bit dtypes, which jnp.asarray would narrow on the way to torch while it is off.
+_WIDE_NUMPY = frozenset(np.dtype(d) for d in ('float64', 'complex128', 'int64', 'uint64'))
+
 
 def to_jax(tensor: torch.Tensor) -> jax.Array:
   """Copies a torch tensor into a new JAX array of the same shape and dtype.
@@ -52,11 +59,19 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
   memory to JAX's default device, as :func:`jax.numpy.asarray` puts a NumPy
   array there.
 
+  While ``jax_enable_x64`` is off (JAX's default), JAX makes a 64-bit dtype
+  its 32-bit counterpart (``int64`` to ``int32``, ``float64`` to ``float32``);
+  an integer tensor with values beyond that range raises, as they would wrap.
+
   Args:
     tensor: any torch tensor, e.g. a parameter or its ``.grad``.
 
   Returns:
-    A :class:`jax.Array` with the tensor's shape and dtype.
+    A :class:`jax.Array` with the tensor's shape and dtype (narrowed as above).
+
+  Raises:
+    OverflowError: if a 64-bit integer tensor holds values beyond 32 bits
+      while ``jax_enable_x64`` is off.
 
   Example:
     >>> import torch
@@ -67,6 +82,7 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
   if not isinstance(tensor, torch.Tensor):
     raise TypeError(f'to_jax takes a torch.Tensor, got {type(tensor).__name__}')
   t = tensor.detach()
+  _check_fits_32_bits(t)
   if _JAX_PLATFORM.get(t.device.type) == jax.default_backend():
     # JAX's own copy=True can alias a CPU buffer, so the copy is made here.
     return jax.dlpack.from_dlpack(t.clone(memory_format=torch.contiguous_format))
@@ -74,6 +90,21 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
   if host.dtype == torch.bfloat16:  # NumPy has no bfloat16: read the bits
     return jnp.asarray(host.view(torch.int16).numpy().view(jnp.bfloat16))
   return jnp.asarray(host.numpy())
+
+
+def _check_fits_32_bits(t: torch.Tensor) -> None:
+  """Raises if JAX would wrap the values of a 64-bit integer tensor (``jax_enable_x64`` off)."""
+  narrow = _NARROWED_INTS.get(t.dtype)
+  if narrow is None or jax.config.jax_enable_x64 or t.numel() == 0:
+    return
+  values = t.to(torch.float64)  # torch has no min or max of uint64
+  low, high, info = float(values.min()), float(values.max()), np.iinfo(narrow)
+  if low < info.min or high > info.max:
+    raise OverflowError(
+        f'to_jax: the {t.dtype} tensor holds values from {low:.0f} to {high:.0f}, beyond the '
+        f'{np.dtype(narrow)} that JAX makes of it while jax_enable_x64 is off: they would wrap. '
+        "Turn it on (jax.config.update('jax_enable_x64', True)), or convert the values first"
+    )
 
 
 def to_torch(array: Any, device: torch.device | str | None = None) -> torch.Tensor:
@@ -86,6 +117,9 @@ def to_torch(array: Any, device: torch.device | str | None = None) -> torch.Tens
   in the order of its own stream. (A copy that JAX made for torch would be
   JAX's memory, which JAX could reuse as soon as torch dropped the tensor,
   with torch's kernels that read it possibly not yet run.)
+
+  A NumPy array keeps its dtype, 64-bit ones included, which
+  :func:`jax.numpy.asarray` would narrow while ``jax_enable_x64`` is off.
 
   Args:
     array: a :class:`jax.Array`, or anything :func:`jax.numpy.asarray` takes.
@@ -112,8 +146,13 @@ def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
 
 
 def _copies_to_torch(arrays: list[Any], device: torch.device | str | None) -> list[torch.Tensor]:
-  """Torch's copies of ``arrays``, read through DLPack views, the reads done on return."""
-  views = [torch.from_dlpack(jnp.asarray(a)) for a in arrays]
+  """Torch's copies of ``arrays``, read through views (DLPack's, or NumPy's); done on return."""
+  views = [
+      torch.from_numpy(np.ascontiguousarray(a))
+      if isinstance(a, np.ndarray) and a.dtype in _WIDE_NUMPY
+      else torch.from_dlpack(jnp.asarray(a))
+      for a in arrays
+  ]
   copies = [
       v.clone(memory_format=torch.contiguous_format) if device is None else v.to(device, copy=True)
       for v in views
