@@ -59,7 +59,8 @@ def verdict(
     positive is below the frontier, better), ``position``: ``below`` or
     ``above`` when ``|margin|`` exceeds the spread (:data:`ONE_SEED_NOISE`
     with one seed), ``on``
-    within it, ``outside`` the frontier's range; ``step_ratio`` (the arm's
+    within it, ``outside`` the frontier's range, ``no frontier`` with fewer
+    than two fixed arms; ``step_ratio`` (the arm's
     steps over the control's) and ``near_control``: whether the arm is within
     :data:`NEAR_CONTROL_NATS` of the control's loss with at most
     :data:`FEW_STEPS_RATIO` times its steps.
@@ -69,7 +70,9 @@ def verdict(
     at = frontier_loss_at(frontier, steps)
     margin = None if at is None else at - loss
     bar = ONE_SEED_NOISE if spread is None else spread
-    if margin is None:
+    if len(frontier) < 2:
+      position = 'no frontier'
+    elif margin is None:
       position = 'outside'
     elif margin > bar:
       position = 'below'
@@ -104,13 +107,15 @@ def verdict_line(verdicts: Mapping[str, Mapping[str, Any]], label: str = '') -> 
   minus the control's, so positive is worse.
   """
   if not verdicts:
-    return f'verdict{label}: no adaptive arm finished'
+    return f'verdict{label}: no adaptive arm to judge (none ran, or none finished)'
   lines = [
       f"verdict{label}: margin = frontier loss at the arm's steps - arm loss (nats, + is better)"
   ]
   for name, v in verdicts.items():
     steps = f"{v['steps']:.0f} optimizer steps"
-    if v['position'] == 'outside':
+    if v['position'] == 'no frontier':
+      where = f'{steps}; no frontier to compare with (it takes two fixed arms or more)'
+    elif v['position'] == 'outside':
       where = f'outside the frontier at {steps}'
     elif v['position'] == 'on':
       noise = 'the spread' if v['spread'] is not None else "one seed's noise"
@@ -233,7 +238,7 @@ def table(summary: Mapping[str, Any]) -> list[str]:
   ]
   for name, a in summary['arms'].items():
     v = summary['verdict'].get(name)
-    if v is None:
+    if v is None or v['position'] == 'no frontier':
       at, margin = '-', '-'
     elif v['frontier_loss'] is None:
       at, margin = 'outside', '-'

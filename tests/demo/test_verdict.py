@@ -120,3 +120,11 @@ def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
   assert len(lines) == 2 + 3 + 1 and lines[-1].startswith('units: ')  # headings, arms, units
   plot.plot_study(runs, [summary, small], tmp_path / 'study.png')
   assert (tmp_path / 'study.png').stat().st_size > 0
+
+
+def test_with_fewer_than_two_fixed_arms_there_is_no_frontier_to_judge_against():
+  v = verdict.verdict([(1000, 1.8)], {'critical': (700, 1.8)}, control=(1000, 1.8))
+  assert v['critical']['position'] == 'no frontier' and v['critical']['margin'] is None
+  line = verdict.verdict_line(v).splitlines()[1]
+  assert line.startswith('  critical: 700 optimizer steps; no frontier to compare with')
+  assert 'none ran' in verdict.verdict_line({})
