@@ -174,7 +174,9 @@ def _named_tensors(source: _TensorSource) -> dict[str, torch.Tensor]:
   return named
 
 
-def _check_not_detached(where: str, source: _TensorSource, named: Mapping[str, torch.Tensor]):
+def _check_not_detached(
+    where: str, source: _TensorSource, named: Mapping[str, torch.Tensor]
+) -> None:
   """Raises if ``source`` holds only tensors cut off from autograd, as a ``state_dict()`` does.
 
   Their ``.grad`` is not the model's: reading it gives nothing, and writing it
