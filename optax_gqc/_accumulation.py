@@ -283,6 +283,8 @@ def accumulate(
     raise TypeError(
         f'scale_by_draws must be a function of n, got {scale_by_draws!r}: pass e.g. jnp.sqrt'
     )
+  if isinstance(axis_name, list):  # as jax.lax.psum takes it
+    axis_name = tuple(axis_name)
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -320,7 +322,7 @@ def accumulate(
     """One microbatch; with ``apply``, returns new params in place of updates."""
     check_state(state, gate, inner)
     _checks.check_like_params(updates, state.accumulator)
-    grad_sq = sq_norm(updates, axis_name)
+    grad_sq = _checks.global_sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
     accumulator = _add(state.accumulator, updates, ok, fresh=state.num_draws == 0)
     stats = one_kernel(_draw_stats(state, grad_sq, sq_norm(accumulator, axis_name)))
@@ -331,7 +333,7 @@ def accumulate(
     _checks.check_gate_output(gate_step, gate_state, state.gate_state)
     forced = ok & ~gate_step & (stats.num_draws >= jnp.maximum(max_draws, 1))
     step = ok & (gate_step | forced)
-    _checks.check_global_decision(grad_sq, step)
+    _checks.check_global_decision(grad_sq, step, axis_name)
 
     # One cond: the inner optimizer runs in the step branch alone. The large
     # buffers are operands, not closures, so XLA updates them in place and

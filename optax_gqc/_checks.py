@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optax_gqc._numerics import varying_axes
+from optax_gqc._numerics import sq_norm, varying_axes
 
 _INT32_MAX = 2**31 - 1
 
@@ -266,7 +266,19 @@ def check_gate_output(step: Any, new_state: Any, old_state: Any) -> None:
     )
 
 
-def check_global_decision(grad_sq: jax.Array, step: jax.Array) -> None:
+def global_sq_norm(updates: Any, axis_name: Any) -> jax.Array:
+  """The gradient's squared norm (``sq_norm``), with an error that names ``axis_name``."""
+  try:
+    return sq_norm(updates, axis_name)
+  except NameError as e:  # JAX's message names axis_index, which the user never called
+    raise NameError(
+        f'accumulate: axis_name {axis_name!r} is not a mapped axis here ({e}). It names the '
+        'axes of jax.shard_map over which the parameters are sharded; under jax.jit with '
+        'sharded arrays the norms are global already: leave axis_name None'
+    ) from e
+
+
+def check_global_decision(grad_sq: jax.Array, step: jax.Array, axis_name: Any = None) -> None:
   """Raises at trace time if, inside ``jax.shard_map``, devices could decide apart.
 
   JAX tracks which values vary across the mapped axes (``check_vma=True``, the
@@ -274,7 +286,11 @@ def check_global_decision(grad_sq: jax.Array, step: jax.Array) -> None:
   """
   axes = sorted(varying_axes(grad_sq))
   if axes:
-    name = repr(axes[0]) if len(axes) == 1 else repr(tuple(axes))
+    given = (
+        () if axis_name is None else (axis_name if isinstance(axis_name, tuple) else (axis_name,))
+    )
+    every = (*given, *axes)  # the axes summed already, and those still varying
+    name = repr(every[0]) if len(every) == 1 else repr(every)
     raise ValueError(
         f'accumulate: the gradient norm varies across the mapped axes {axes}, so '
         'devices would step at different microbatches. If the parameters are '

@@ -210,6 +210,34 @@ def test_local_norm_under_check_vma_raises_and_names_axis_name():
     jax.jit(run)(jnp.ones(4))
 
 
+def test_a_partial_axis_name_is_told_every_axis_and_a_list_is_a_tuple():
+  # Params sharded over both axes; axis_name names one: the error names both, not the other alone.
+  mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ('data', 'fsdp'))
+
+  def run(axis_name):
+    tx = optax_gqc.gnts(optax.sgd(0.1), 1.0, axis_name=axis_name)
+
+    def local(w):
+      state = tx.init({'w': w})
+      return optax_gqc.update_and_apply(tx, {'w': w}, state, {'w': w})[0]['w']
+
+    spec = P(('data', 'fsdp'))
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec))(jnp.ones(4))
+
+  with pytest.raises(ValueError, match=r"pass axis_name=\('fsdp', 'data'\)"):
+    run('fsdp')
+  np.testing.assert_array_equal(run(['data', 'fsdp']), run(('data', 'fsdp')))
+
+
+def test_axis_name_outside_shard_map_says_to_leave_it_none():
+  tx = optax_gqc.gnts(optax.sgd(0.1), 1.0, axis_name='fsdp')
+  params = {'w': jnp.ones(4)}
+  with pytest.raises(
+      NameError, match=r"axis_name 'fsdp' is not a mapped axis.*leave axis_name None"
+  ):
+    jax.jit(tx.update)(params, tx.init(params), params)
+
+
 def test_varying_loss_under_check_vma_raises_and_says_pmean():
   mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
   tx = optax_gqc.mht(optax.sgd(0.1), confidence=0.9, percent_error=0.05)
