@@ -18,6 +18,7 @@ on, and agree with it on :math:`[0, M]`.
 This module is a leaf: it imports nothing else of optax_gqc.
 """
 
+import numbers
 from collections.abc import Callable
 
 import jax
@@ -41,6 +42,14 @@ def _check_steps(warmup_steps: int, total_steps: int | None = None) -> None:
       isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0
   ):
     raise ValueError(f'total_steps must be an int >= 0, got {total_steps!r}')
+
+
+def _check_power(power: float) -> None:
+  if isinstance(power, bool) or not isinstance(power, numbers.Real) or not power >= 0:
+    raise ValueError(
+        f'power must be a number >= 0, got {power!r}: the anneal is (1 - p)^power, which a '
+        'negative power sends to inf at the end of the run'
+    )
 
 
 def _divide(x: jax.Array, divisor: float) -> jax.Array:
@@ -178,6 +187,7 @@ def polynomial_with_warmup(
   Mirrors torch-schedule-anything's ``polynomial_schedule_with_warmup`` (clamped).
   """
   _check_steps(warmup_steps, total_steps)
+  _check_power(power)
   return _schedule(
       warmup_steps, total_steps, _warm(peak_value), _polynomial(peak_value, end_value, power)
   )
@@ -197,6 +207,7 @@ def polynomial_with_inverse_warmup(
   (clamped).
   """
   _check_steps(warmup_steps, total_steps)
+  _check_power(power)
   return _schedule(
       warmup_steps,
       total_steps,

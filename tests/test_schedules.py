@@ -80,3 +80,11 @@ def test_zero_warmup_and_total_not_after_warmup():
 def test_bad_step_counts_raise(bad):
   with pytest.raises(ValueError, match='warmup_steps'):
     schedules.cosine_with_warmup(1.0, 0.0, bad, 10)
+
+
+@pytest.mark.parametrize('power', [-1.0, float('nan'), '2', True])
+def test_a_power_below_zero_or_not_a_number_raises(power):
+  # (1 - p)^power with a negative power grows to inf at the end of the run.
+  for make in (schedules.polynomial_with_warmup, schedules.polynomial_with_inverse_warmup):
+    with pytest.raises(ValueError, match='power must be a number >= 0'):
+      make(1.0, 0.1, 2, 10, power=power)
