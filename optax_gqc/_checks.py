@@ -84,6 +84,13 @@ def check_scalar_or_schedule(name: str, value: Any, *, positive: bool = False) -
     raise ValueError(f'{name} must be {bound}, got {v}')
 
 
+def check_positive(name: str, value: Any) -> None:
+  """Raises unless a constant ``value`` is > 0 (not NaN); traced values pass."""
+  v = concrete_float(name, value)
+  if v is not None and not v > 0.0:
+    raise ValueError(f'{name} must be > 0, got {v}')
+
+
 def check_unit_interval(name: str, value: Any) -> None:
   """Raises unless a constant ``value`` lies in [0, 1); traced values pass."""
   v = concrete_float(name, value)

@@ -38,13 +38,6 @@ class SgdSaiMomentumState(NamedTuple):
   mu: optax.Updates  # the running average of the g-SNR-scaled gradients.
 
 
-def _check_eps(eps: Any) -> None:
-  """Raises unless a constant ``eps`` is > 0; traced values pass."""
-  v = _checks.concrete_float('eps', eps)
-  if v is not None and not v > 0.0:
-    raise ValueError(f'eps must be > 0, got {v}')
-
-
 def _leaf_gsnr(u: jax.Array, eps: Any) -> tuple[jax.Array, jax.Array]:
   """The float32 g-SNR of one leaf, and whether the leaf is non-zero.
 
@@ -123,7 +116,7 @@ def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientT
     Xu et al, `No More Adam: Learning Rate Scaling at Initialization is All You
     Need <https://arxiv.org/abs/2412.11768>`_, 2024
   """
-  _check_eps(eps)
+  _checks.check_positive('eps', eps)
 
   def init_fn(params):
     return ScaleByGsnrState(
@@ -301,7 +294,7 @@ def sgd_sai(
   _checks.check_scalar_or_schedule('learning_rate', learning_rate)
   _checks.check_unit_interval('momentum', momentum)
   _checks.check_scalar_or_schedule('weight_decay', weight_decay)
-  _check_eps(eps)
+  _checks.check_positive('eps', eps)
   return optax.chain(
       scale_by_gsnr(eps=eps, normalize=normalize),
       _momentum(momentum, mu_dtype),

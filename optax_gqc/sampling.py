@@ -73,14 +73,6 @@ def _parts(grads: Any):
   return g, b, mean, jnp.sum(jnp.square(mean))
 
 
-def _check_positive(**params: Any) -> None:
-  """Raises unless each constant test parameter is > 0 (a traced one passes)."""
-  for name, value in params.items():
-    v = None if value is None else _checks.concrete_float(name, value)
-    if v is not None and not v > 0:
-      raise ValueError(f'{name} must be > 0, the allowed relative error, got {v}')
-
-
 def _result(statistic, bound):
   return TestResult(statistic <= bound, statistic, bound)
 
@@ -113,7 +105,7 @@ def norm_test(grads: Any, eta: float) -> TestResult:
   Returns:
     A :class:`TestResult`.
   """
-  _check_positive(eta=eta)
+  _checks.check_positive('eta', eta)
   g, b, mean, mean_sq = _parts(grads)
   return _result(_trace_var(g, mean, b) / b, eta**2 * mean_sq)
 
@@ -130,7 +122,7 @@ def inner_product_test(grads: Any, theta: float) -> TestResult:
   Returns:
     A :class:`TestResult`.
   """
-  _check_positive(theta=theta)
+  _checks.check_positive('theta', theta)
   g, b, mean, mean_sq = _parts(grads)
   return _result(_inner_var(g, mean) / b, theta**2 * mean_sq**2)
 
@@ -148,7 +140,7 @@ def orthogonality_test(grads: Any, nu: float) -> TestResult:
   Returns:
     A :class:`TestResult`.
   """
-  _check_positive(nu=nu)
+  _checks.check_positive('nu', nu)
   g, b, mean, mean_sq = _parts(grads)
   return _result(_orth_sum(g, mean, mean_sq) / b, nu**2 * mean_sq)
 
@@ -191,7 +183,9 @@ def propose_batch_size(
     raise ValueError('propose_batch_size takes either eta, or theta and nu (the augmented rule)')
   if eta is None and (theta is None or nu is None):
     raise ValueError('the augmented rule needs both theta and nu')
-  _check_positive(eta=eta, theta=theta, nu=nu)
+  for name, value in (('eta', eta), ('theta', theta), ('nu', nu)):
+    if value is not None:
+      _checks.check_positive(name, value)
   g, b, mean, mean_sq = _parts(grads)
   if eta is not None:
     wanted = _trace_var(g, mean, b) / (eta**2 * mean_sq)
