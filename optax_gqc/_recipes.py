@@ -219,7 +219,7 @@ def scheduled_accumulation(
     _checks.check_schedule(f'hyperparams[{name!r}]', schedule)
   _check_optimizer(optimizer, hyperparams)
   inner = optax.inject_hyperparams(
-      optimizer, static_args=_functions(optimizer_kwargs), hyperparam_dtype=hyperparam_dtype
+      optimizer, static_args=_static_args(optimizer_kwargs), hyperparam_dtype=hyperparam_dtype
   )(**optimizer_kwargs, **{k: s(jnp.zeros([], jnp.int32)) for k, s in hyperparams.items()})
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
@@ -339,19 +339,23 @@ def _rescaling_recipe(
   # GNR steps on every microbatch, so the optimizer's own count is the
   # microbatch count and inject_hyperparams can evaluate the schedules.
   injected = optax.inject_hyperparams(
-      optimizer, static_args=_functions(optimizer_kwargs), hyperparam_dtype=jnp.float32
+      optimizer, static_args=_static_args(optimizer_kwargs), hyperparam_dtype=jnp.float32
   )
   return optax.chain(scale_to_norm(target), injected(**optimizer_kwargs, **hyperparams))
 
 
-def _functions(optimizer_kwargs: Mapping[str, Any]) -> tuple[str, ...]:
-  """The optimizer's arguments given as functions or types (``mask=fn``, ``mu_dtype=``).
+def _static_args(optimizer_kwargs: Mapping[str, Any]) -> tuple[str, ...]:
+  """The optimizer's arguments that are a mask (a function of the params) or a dtype.
 
   They pass to the optimizer as they are: ``optax.inject_hyperparams`` would
-  take them for schedules of its step count. The schedules are the recipes'
-  own, of the microbatch count.
+  take them, as every function, for schedules of its step count. Any other
+  function stays such a schedule.
   """
-  return tuple(name for name, value in optimizer_kwargs.items() if callable(value))
+  return tuple(
+      name
+      for name, value in optimizer_kwargs.items()
+      if callable(value) and (name.endswith('mask') or isinstance(value, type))
+  )
 
 
 def _annealed(

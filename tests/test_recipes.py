@@ -378,6 +378,11 @@ def test_an_optimizer_argument_given_as_a_function_reaches_the_optimizer(make):
     params = optax.apply_updates(params, updates)
   assert np.all(np.asarray(params['w']) < 1.0)  # decayed
   np.testing.assert_array_equal(params['b'], np.ones(2))  # masked out
+  # Another function stays a schedule of the optimizer's steps, as inject_hyperparams makes it.
+  tx = make(b1=lambda count: 0.5 + 0.0 * count)
+  state = tx.init(params)
+  _, state = jax.jit(tx.update)(zero, state, params)
+  assert float(optax.tree.get(state, 'hyperparams')['b1']) == 0.5
 
 
 def _run_params(tx, grads, before=None):
