@@ -185,9 +185,10 @@ def noise_scale(
   device's batch) is given, in device batches otherwise.
 
   Place it on the local gradients, before they are averaged. It costs one
-  ``pmean`` of the gradient, and scalar work. On one device,
-  :func:`optax_gqc.accumulate` estimates the same quantity from its
-  microbatches.
+  ``pmean`` of the gradient, and scalar work. Over an axis of one device
+  there is no second batch: the state stays as ``init`` made it, with a NaN
+  noise scale (no estimate). On one device, :func:`optax_gqc.accumulate`
+  estimates the same quantity from its microbatches.
 
   Under ``jax.shard_map``'s default ``check_vma=True``, the gradient of a
   parameter replicated across ``axis_name`` is already summed over the
@@ -222,9 +223,8 @@ def noise_scale(
     A :class:`optax.GradientTransformation` that returns its input.
 
   Raises:
-    ValueError: at trace time, if ``axis_name`` spans one device, or, under
-      ``check_vma=True``, if a gradient leaf does not vary across
-      ``axis_name``, i.e. is already summed.
+    ValueError: at trace time, under ``check_vma=True``, if a gradient leaf
+      does not vary across ``axis_name``, i.e. is already summed.
 
   Example:
     Four devices as the lanes of a named ``vmap``, one gradient each:
@@ -263,11 +263,7 @@ def noise_scale(
       ) from e
     _check_per_device(updates, axis_name)
     if isinstance(devices, int) and devices < 2:
-      raise ValueError(
-          f'noise_scale: axis_name {axis_name!r} spans one device, whose batch is both the small '
-          'and the big one, so there is no noise to measure: map it over two devices or more, '
-          'or on one device read the noise scale of an accumulation (optax_gqc.statistics)'
-      )
+      return updates, state  # one batch is both the small and the big one: no estimate
     small_sq = jax.lax.pmean(sq_norm(updates), axis_name)
     big_sq = sq_norm(jax.lax.pmean(updates, axis_name))
     grad_sq, trace = estimates(batch, small_sq, devices * batch, big_sq)

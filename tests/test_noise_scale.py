@@ -148,13 +148,17 @@ def test_standalone_noise_scale_needs_axis_name():
     optax_gqc.noise_scale(0.99)  # pytype: disable=missing-parameter
 
 
-def test_standalone_noise_scale_over_one_device_raises():
-  # One device's batch is both the small and the big one: the estimate would be 0 / 0.
+def test_standalone_noise_scale_over_one_device_makes_no_estimate():
+  # One device's batch is both the small and the big one: 0 / 0 read as an infinite scale.
   tx = optax_gqc.noise_scale(0.9, axis_name='data')
   state = tx.init({'w': jnp.zeros(2)})
   update = jax.vmap(tx.update, axis_name='data', in_axes=(0, None), out_axes=(0, None))
-  with pytest.raises(ValueError, match='spans one device'):
-    update({'w': jnp.ones((1, 2))}, state)
+  grads = {'w': jnp.array([[1.0, 2.0]])}
+  for _ in range(3):
+    out, state = update(grads, state)
+  np.testing.assert_array_equal(out['w'], grads['w'])
+  assert float(state.weight) == 0.0 and np.isnan(float(state.noise_scale))
+  assert np.isnan(float(optax_gqc.statistics(state)['noise_scale']))
 
 
 SHARD_MAP_SCRIPT = textwrap.dedent("""
