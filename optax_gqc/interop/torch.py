@@ -97,8 +97,9 @@ def _check_fits_32_bits(t: torch.Tensor) -> None:
   narrow = _NARROWED_INTS.get(t.dtype)
   if narrow is None or jax.config.jax_enable_x64 or t.numel() == 0:
     return
-  values = t.to(torch.float64)  # torch has no min or max of uint64
-  low, high, info = float(values.min()), float(values.max()), np.iinfo(narrow)
+  values = t if t.dtype == torch.int64 else t.to(torch.float64)  # no min or max of uint64
+  low, high = (float(x) for x in torch.aminmax(values))
+  info = np.iinfo(narrow)
   if low < info.min or high > info.max:
     raise OverflowError(
         f'to_jax: the {t.dtype} tensor holds values from {low:.0f} to {high:.0f}, beyond the '
