@@ -283,8 +283,6 @@ def accumulate(
     raise TypeError(
         f'scale_by_draws must be a function of n, got {scale_by_draws!r}: pass e.g. jnp.sqrt'
     )
-  if isinstance(axis_name, list):  # as jax.lax.psum takes it
-    axis_name = tuple(axis_name)
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):

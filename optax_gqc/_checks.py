@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optax_gqc._numerics import sq_norm, varying_axes
+from optax_gqc._numerics import axis_names, sq_norm, varying_axes
 
 _INT32_MAX = 2**31 - 1
 
@@ -293,10 +293,7 @@ def check_global_decision(grad_sq: jax.Array, step: jax.Array, axis_name: Any = 
   """
   axes = sorted(varying_axes(grad_sq))
   if axes:
-    given = (
-        () if axis_name is None else (axis_name if isinstance(axis_name, tuple) else (axis_name,))
-    )
-    every = (*given, *axes)  # the axes summed already, and those still varying
+    every = (*axis_names(axis_name), *axes)  # the axes summed already, and those still varying
     name = repr(every[0]) if len(every) == 1 else repr(every)
     raise ValueError(
         f'accumulate: the gradient norm varies across the mapped axes {axes}, so '

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._numerics import sq_norm, tracks_varying, varying_axes
+from optax_gqc._numerics import axis_names, sq_norm, tracks_varying, varying_axes
 
 
 def noise_scale_estimates(
@@ -274,7 +274,7 @@ def noise_scale(
 
 def _check_per_device(updates: Any, axis_name: Any) -> None:
   """Raises at trace time if JAX types a gradient leaf as the same on every device."""
-  axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  axes = axis_names(axis_name)
   if not tracks_varying(axes):
     return
   summed = [

@@ -29,6 +29,13 @@ def varying_axes(x: Any) -> frozenset:
   return frozenset(vma)
 
 
+def axis_names(axis_name: Any) -> tuple[Any, ...]:
+  """``axis_name`` as a tuple: one name, a tuple or list of names (as ``psum`` takes), or None."""
+  if axis_name is None:
+    return ()
+  return tuple(axis_name) if isinstance(axis_name, tuple | list) else (axis_name,)
+
+
 def tracks_varying(axes: tuple[Any, ...]) -> bool:
   """Whether JAX tracks how values vary across these bound axes (``check_vma=True``)."""
   return all(a in varying_axes(jax.lax.axis_index(a)) for a in axes)
@@ -59,7 +66,7 @@ def sq_norm(tree: Any, axis_name: Any = None) -> jax.Array:
   leaves = jax.tree.leaves(tree)
   if axis_name is None:
     return _sum_sq(leaves)
-  axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  axes = axis_names(axis_name)
   if not tracks_varying(axes):
     return jax.lax.psum(_sum_sq(leaves), axis_name)
   groups = {}  # the named axes a leaf varies across -> those leaves

@@ -143,6 +143,16 @@ def test_standalone_noise_scale_under_named_vmap():
   assert float(state.weight) == 0.5
 
 
+def test_standalone_noise_scale_takes_a_list_of_axes_as_a_tuple():
+  grads = {'w': jnp.array([[1.0, 2.0], [0.0, 1.0]])}
+  scales = []
+  for axis_name in (['data'], ('data',)):
+    tx = optax_gqc.noise_scale(0.9, axis_name=axis_name)
+    update = jax.vmap(tx.update, axis_name='data', in_axes=(0, None), out_axes=(0, None))
+    scales.append(float(update(grads, tx.init({'w': jnp.zeros(2)}))[1].noise_scale))
+  assert scales[0] == scales[1] and np.isfinite(scales[0])
+
+
 def test_standalone_noise_scale_needs_axis_name():
   with pytest.raises(TypeError, match='axis_name'):
     optax_gqc.noise_scale(0.99)  # pytype: disable=missing-parameter
