@@ -181,8 +181,9 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   closed. A few are normal (a noisy stretch); if it grows with ``num_steps``,
   the gate is starved: its threshold is out of reach for this model (an
   absolute threshold below the gradient norms it sees, say), and the run is
-  in effect a fixed accumulation of ``max_draws`` microbatches. Use a relative
-  threshold (the default of :func:`optax_gqc.gnts`), raise the threshold, or
+  in effect a fixed accumulation of ``max_draws`` microbatches. Follow the
+  noise scale (the default of :func:`optax_gqc.gnts`) or use a relative
+  threshold (``gnts(inner, ratio=0.5)``), raise the threshold, or
   combine the gate with :func:`optax_gqc.gates.relative_error_below` through
   :func:`optax_gqc.gates.any_of`.
 
