@@ -3,7 +3,10 @@
 Every candidate is a pair ``(init, step)`` with ``step(params, state, grads) ->
 (params, state)``. Each is compiled with parameters and state donated, warmed
 up, then timed in rounds that interleave the candidates, so that a slow spell
-of this shared machine hits them all alike; the median round counts.
+of this shared machine hits them all alike. A ratio of two candidates is the
+median over rounds of their ratio within each round (:func:`ratio`): the
+machine's speed drifts between rounds and runs, and a round's candidates run
+seconds apart.
 """
 
 import re
@@ -67,7 +70,7 @@ def measure(
     calls: int,
     warmup: int = 3,
 ) -> dict[str, dict[str, float]]:
-  """Median milliseconds per call, compiled temporaries, state bytes and conds of each."""
+  """Each candidate's median milliseconds per call (and each round's), temporaries, state, conds."""
   runs = {}
   for name, (init, step) in cands.items():
     p = jax.tree.map(jnp.copy, params)
@@ -96,9 +99,16 @@ def measure(
   return {
       name: {
           'ms': 1e3 * statistics.median(r['times']),
+          'round_ms': [1e3 * t for t in r['times']],
           'temp_bytes': r['temp_bytes'],
           'state_bytes': r['state_bytes'],
           'conditionals': r['conditionals'],
       }
       for name, r in runs.items()
   }
+
+
+def ratio(results: dict[str, dict[str, Any]], name: str, base: str) -> float:
+  """``name``'s time over ``base``'s: the median over rounds of their ratio within a round."""
+  pairs = zip(results[name]['round_ms'], results[base]['round_ms'], strict=True)
+  return statistics.median(a / b for a, b in pairs)

@@ -31,8 +31,15 @@ def load(monkeypatch):
   return load_script
 
 
-def result(ms, temp_bytes=0):
-  return {'ms': ms, 'temp_bytes': temp_bytes, 'state_bytes': 0, 'conditionals': 1}
+def result(ms, temp_bytes=0, conditionals=1):
+  """A candidate's measurement, the same time in each of three rounds."""
+  return {
+      'ms': ms,
+      'round_ms': [ms] * 3,
+      'temp_bytes': temp_bytes,
+      'state_bytes': 0,
+      'conditionals': conditionals,
+  }
 
 
 # Timings (ms) and temporaries that meet every target of benchmarks/accumulation.py.
@@ -62,9 +69,19 @@ ACCUMULATION_MET = {
 def test_accumulation_each_target_fails_alone(load, name, change, target):
   bench = load('accumulation')
   assert all(bench.evaluate_targets(ACCUMULATION_MET, MiB).values())
-  missed = {**ACCUMULATION_MET, name: {**ACCUMULATION_MET[name], **change}}
+  changed = {**ACCUMULATION_MET[name], **change}
+  changed['round_ms'] = [changed['ms']] * 3
+  missed = {**ACCUMULATION_MET, name: changed}
   targets = bench.evaluate_targets(missed, MiB)
   assert [t for t, ok in targets.items() if not ok] == [target]
+
+
+def test_ratios_pair_the_rounds(load):
+  """A ratio is the median of the ratios within rounds, not a ratio of medians."""
+  common = load('_common')
+  drifting = {'a': {'round_ms': [10.0, 20.0, 40.0]}, 'b': {'round_ms': [8.0, 25.0, 30.0]}}
+  assert common.ratio(drifting, 'a', 'b') == 1.25  # the medians' ratio would be 0.8
+  assert common.ratio(drifting, 'a', 'a') == 1.0
 
 
 def test_accumulation_gate_targets(load):
@@ -87,7 +104,7 @@ def test_accumulation_exit_status_is_that_of_the_targets(
       k: {**r, 'temp_bytes': r['temp_bytes'] * param_bytes // MiB}
       for k, r in ACCUMULATION_MET.items()
   }
-  scaled['fused']['ms'] = fused_ms
+  scaled['fused'] = result(fused_ms, scaled['fused']['temp_bytes'])
 
   def fake_measure(cands, *args, **kwargs):
     return {name: scaled.get(name, result(10.0)) for name in cands}
@@ -207,8 +224,8 @@ def test_train_step_runs_on_a_tiny_transformer(tmp_path):
 def test_sgd_sai_exit_status_is_that_of_the_targets(load, monkeypatch, capsys, sai_ms, status):
   bench = load('sgd_sai')
   names = list(bench.candidates())
-  fake = {name: {'ms': 10.0, 'state_bytes': 2 * MiB, 'temp_bytes': 0} for name in names}
-  fake[names[0]] = {'ms': sai_ms, 'state_bytes': MiB, 'temp_bytes': 0}  # half of adamw's state
+  fake = {name: {**result(10.0), 'state_bytes': 2 * MiB} for name in names}
+  fake[names[0]] = {**result(sai_ms), 'state_bytes': MiB}  # half of adamw's state
   monkeypatch.setattr(bench, 'measure', lambda *a, **k: fake)
   monkeypatch.setattr(sys, 'argv', ['sgd_sai.py', '--params', '1024'])
   assert bench.main() == status
