@@ -7,6 +7,7 @@ that mean. The whole decision is one ``jax.lax.cond`` on device.
 """
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -69,13 +70,17 @@ class AccumulationTransformation(optax.GradientTransformationExtraArgs):
 _PASS_OWN_STATE = 'pass the state that tx.init(params) returned, then the one each update returns'
 
 
-def check_state(state: Any, gate: Gate | None = None, inner: Any = None) -> None:
+def check_state(
+    state: Any, gate: Gate | None = None, inner: Any = None, params: Any = None
+) -> None:
   """Raises at trace time unless ``state`` is the state of this accumulation.
 
   With ``gate`` and ``inner``, the state's gate state must have the structure
-  of ``gate.init()``, and its inner state that of ``inner.init`` on params like
-  the accumulator: the state of another accumulation would otherwise fail
-  inside the gate or the inner optimizer, with a message about them.
+  of ``gate.init()``, and its inner state that of ``inner.init(params)``: the
+  state of another accumulation would otherwise fail inside the gate or the
+  inner optimizer, with a message about them. ``params`` are the parameters,
+  or the gradients where the update has none (an inner state whose structure
+  follows the dtypes would not follow the accumulator's).
   """
   if not isinstance(state, AccumulateState):
     got = 'None' if state is None else f'a {type(state).__name__}'
@@ -94,7 +99,7 @@ def check_state(state: Any, gate: Gate | None = None, inner: Any = None) -> None
       )
   if inner is not None:
     try:
-      expected = jax.eval_shape(inner.init, state.accumulator)
+      expected = jax.eval_shape(inner.init, params)
     except Exception:  # noqa: BLE001 -- an init that needs the real params: no check
       return
     got_def, expected_def = jax.tree.structure(state.inner_state), jax.tree.structure(expected)
@@ -283,7 +288,7 @@ def accumulate(
     raise TypeError(
         f'scale_by_draws must be a function of n, got {scale_by_draws!r}: pass e.g. jnp.sqrt'
     )
-  inner = optax.with_extra_args_support(inner)
+  inner = with_extra_args(inner)
 
   def init_fn(params):
     # A separate array per field: a donated state must not hold one buffer twice.
@@ -318,7 +323,7 @@ def accumulate(
 
   def step_fn(updates, state, params, extra_args, apply):
     """One microbatch; with ``apply``, returns new params in place of updates."""
-    check_state(state, gate, inner)
+    check_state(state, gate, inner, updates if params is None else params)
     _checks.check_like_params(updates, state.accumulator)
     grad_sq = _checks.global_sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
@@ -529,10 +534,28 @@ def update_and_apply(
   fused = getattr(tx, 'update_and_apply', None)
   if fused is not None:
     return fused(grads, opt_state, params, **extra_args)
-  updates, opt_state = optax.with_extra_args_support(tx).update(
-      grads, opt_state, params, **extra_args
-  )
+  updates, opt_state = with_extra_args(tx).update(grads, opt_state, params, **extra_args)
   return optax.apply_updates(params, updates), opt_state
+
+
+def with_extra_args(tx: Any) -> optax.GradientTransformationExtraArgs:
+  """``optax.with_extra_args_support``, but passing them to an update that takes ``**kwargs``.
+
+  Optax's wrapper drops the extra arguments (``value=loss``) of every object
+  that is not a ``GradientTransformationExtraArgs``, among them
+  ``optax.MultiSteps``, whose update takes and passes them on.
+  """
+  if not isinstance(tx, optax.GradientTransformationExtraArgs) and _takes_kwargs(tx.update):
+    return optax.GradientTransformationExtraArgs(tx.init, tx.update)
+  return optax.with_extra_args_support(tx)
+
+
+def _takes_kwargs(fn: Callable[..., Any]) -> bool:
+  try:
+    parameters = inspect.signature(fn).parameters.values()
+  except (TypeError, ValueError):  # no signature to read: as Optax does
+    return False
+  return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _inner_update(inner, extra_args, updates, inner_state, params):

@@ -458,6 +458,26 @@ def test_update_and_apply_equals_the_optax_path_bitwise(name):
     assert not np.array_equal(params['w'], PARAMS['w'])
 
 
+def test_the_loss_reaches_an_optax_multisteps_inside_and_through_update_and_apply():
+  """optax.with_extra_args_support would drop ``value=`` on its way to a MultiSteps."""
+
+  def polyak():  # needs value=loss; MultiSteps is no GradientTransformationExtraArgs
+    return optax.MultiSteps(optax.polyak_sgd(max_learning_rate=1.0), 2)
+
+  params, g, loss = {'w': jnp.ones(3)}, {'w': jnp.array([1.0, -1.0, 2.0])}, jnp.asarray(1.0)
+  ref = polyak()
+  ref_params, ref_state = params, ref.init(params)
+  for _ in range(2):
+    updates, ref_state = ref.update(g, ref_state, ref_params, value=loss)
+    ref_params = optax.apply_updates(ref_params, updates)
+  assert not np.array_equal(ref_params['w'], params['w'])
+  for tx in (polyak(), optax_gqc.sbc(polyak(), 1, 1)):
+    p, state = params, tx.init(params)
+    for _ in range(2):
+      p, state = jax.jit(functools.partial(optax_gqc.update_and_apply, tx))(g, state, p, value=loss)
+    chex.assert_trees_all_close(p, ref_params)
+
+
 def test_update_and_apply_differentiates_as_the_optax_path():
   """Derivatives through the fused step (a learning rate's, the params') are the Optax path's."""
   grads = grad_stream(6, seed=7)

@@ -76,6 +76,24 @@ def test_bf16_params_with_float32_grads_match_multisteps(make_inner):
   assert int(state.num_steps) == 2
 
 
+def test_an_inner_state_whose_structure_follows_the_dtypes_matches_multisteps():
+  # The state check builds the inner state from the params, not from the
+  # float32 accumulator, whose labels here would all be 'train'.
+  def labels(params):
+    return jax.tree.map(lambda x: 'train' if x.dtype == jnp.float32 else 'frozen', params)
+
+  def make_inner():
+    return optax.partition({'train': optax.adam(0.1), 'frozen': optax.set_to_zero()}, labels)
+
+  grads = stream(4, MIXED)
+  ours, _ = run(optax_gqc.sbc(make_inner(), logical_batch_size=2, microbatch_size=1), grads, MIXED)
+  multi = optax.MultiSteps(make_inner(), 2)
+  ref, _ = run(optax.GradientTransformation(multi.init, multi.update), grads, MIXED)
+  for (u, _), (u_ref, _) in zip(ours, ref, strict=True):
+    chex.assert_trees_all_close(u, u_ref, rtol=1e-6)
+  assert np.any(np.asarray(ours[-1][0]['b']) != 0)  # the float32 leaf trains
+
+
 def test_complex_parameters_keep_their_imaginary_part():
   params = {'w': jnp.array([1 + 1j, 2 - 1j], jnp.complex64)}
   g = {'w': jnp.array([0.5 - 0.25j, 1 + 2j], jnp.complex64)}

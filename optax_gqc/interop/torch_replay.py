@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from optax_gqc._accumulation import with_extra_args
 from optax_gqc._statistics import statistics
 from optax_gqc.interop.torch import set_grads, to_jax, to_torch
 
@@ -120,7 +121,7 @@ def _optax_hyperparams(state: Any) -> dict[str, float]:
 
 
 def _optax_step_eager(tx, params, state, grads, extra_args):
-  tx = optax.with_extra_args_support(tx)
+  tx = with_extra_args(tx)
   updates, state = tx.update(grads, state, params, **extra_args)
   return optax.apply_updates(params, updates), state
 
