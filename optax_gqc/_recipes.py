@@ -341,7 +341,25 @@ def _rescaling_recipe(
   injected = optax.inject_hyperparams(
       optimizer, static_args=_static_args(optimizer_kwargs), hyperparam_dtype=jnp.float32
   )
-  return optax.chain(scale_to_norm(target), injected(**optimizer_kwargs, **hyperparams))
+  return optax.chain(
+      scale_to_norm(target), _keeping_dtypes(injected(**optimizer_kwargs, **hyperparams))
+  )
+
+
+def _keeping_dtypes(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+  """``tx`` with its state cast back to the dtypes ``init`` gave it after each update.
+
+  float32 hyperparameters (``b1``...) would make bfloat16 moments float32 on
+  the first update: a state that changes type retraces ``jax.jit`` and breaks
+  ``lax.scan``. An accumulation casts its inner state back alike.
+  """
+  tx = optax.with_extra_args_support(tx)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    updates, new_state = tx.update(updates, state, params, **extra_args)
+    return updates, optax.tree.cast_like(new_state, state)
+
+  return optax.GradientTransformationExtraArgs(tx.init, update_fn)
 
 
 def _static_args(optimizer_kwargs: Mapping[str, Any]) -> tuple[str, ...]:

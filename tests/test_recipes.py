@@ -341,6 +341,9 @@ def test_recipes_train_bf16_params_without_nan(name):
     params = optax.apply_updates(params, updates)
   hyper = optax.tree.get(state, 'hyperparams')
   assert hyper['b2'].dtype == jnp.float32 and float(hyper['b2']) == pytest.approx(0.999)
+  # The float32 b1 would make adamw's bf16 mu float32: a retrace, and lax.scan fails.
+  init = tx.init(start)
+  assert jax.tree.map(lambda x: x.dtype, state) == jax.tree.map(lambda x: x.dtype, init)
   assert params['w'].dtype == jnp.bfloat16
   assert np.any(np.asarray(params['w'] != start['w']))  # it trained
 
