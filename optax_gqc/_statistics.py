@@ -1,6 +1,6 @@
 """statistics(state): what an optimizer state holds to log, found wherever it sits."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -105,8 +105,12 @@ def _report_of(x: Any) -> Callable[[Any], dict[str, jax.Array]] | None:
   return report
 
 
-def _find_states(state: Any) -> list[Any]:
-  """The states reported on in ``state``, in traversal order; inner states of accumulations too."""
+def _find_states(state: Any, inner: bool = False) -> list[tuple[Any, bool]]:
+  """The states reported on in ``state``, in traversal order, each with ``inner``.
+
+  ``inner``: whether it sits inside an accumulation, where each of its updates
+  is an optimizer step, not a microbatch.
+  """
 
   def known(x):
     return _report_of(x) is not None
@@ -114,11 +118,11 @@ def _find_states(state: Any) -> list[Any]:
   found = []
   for x in jax.tree.leaves(state, is_leaf=known):
     if known(x):
-      found.append(x)
+      found.append((x, inner))
       if isinstance(x, AccumulateState):
-        found.extend(_find_states(x.inner_state))
+        found.extend(_find_states(x.inner_state, True))
       elif isinstance(x, optax.MultiStepsState):
-        found.extend(_find_states(x.inner_opt_state))
+        found.extend(_find_states(x.inner_opt_state, True))
   return found
 
 
@@ -126,7 +130,31 @@ def _precedence(x: Any) -> int:
   """Accumulations first, then the other states of optax_gqc, then Optax's."""
   if isinstance(x, AccumulateState):
     return 0
-  return 1 if type(x) in _REPORTS and not isinstance(x, optax.MultiStepsState) else 2
+  if isinstance(x, optax.MultiStepsState):
+    return 1
+  return 2 if type(x) in _REPORTS else 3
+
+
+def _typed(state: Any) -> Any:
+  """``state`` with each mapping that holds exactly the fields of a reported state made one.
+
+  ``nnx.state(optimizer)``, ``nnx.to_pure_dict`` and a checkpoint restored
+  without a target keep a NamedTuple state as a mapping of its fields.
+  """
+
+  def is_mapping(x):
+    return isinstance(x, Mapping)
+
+  def typed(x):
+    if not is_mapping(x):
+      return x
+    x = {k: _typed(v) for k, v in x.items()}
+    for cls in _REPORTS:
+      if set(x) == set(cls._fields):
+        return cls(**x)
+    return x
+
+  return jax.tree.map(typed, state, is_leaf=is_mapping)
 
 
 def statistics(state: Any) -> dict[str, jax.Array]:
@@ -135,10 +163,14 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   Finds the states of optax_gqc's transformations wherever they sit in a
   nested optimizer state (inside ``optax.chain``, ``optax.inject_hyperparams``,
   ``optax.MultiSteps``, an accumulation's inner state, or the ``opt_state`` of
-  a Flax ``nnx.Optimizer``), and reports each as below. Where two report the same
-  name, an accumulation's entry comes first, then the others in traversal
-  order; pass a part of the state (``statistics(state[0])``) to read
-  another. Works under ``jax.jit``.
+  a Flax ``nnx.Optimizer``, also as ``nnx.state(optimizer)`` or a checkpoint
+  restored without a target, where a state is a mapping of its fields), and
+  reports each as below. Where two report the same name, an accumulation's
+  entry comes first (optax_gqc's, then ``optax.MultiSteps``'), then the others
+  in traversal order; pass a part of the state (``statistics(state[0])``) to
+  read another. A state inside an accumulation (its inner optimizer's) reports
+  no ``num_microbatches``: each of its updates is a step. Works under
+  ``jax.jit``.
 
   An accumulation (:func:`accumulate`, and every optimizer and recipe built on
   it) reports ``num_draws`` (microbatches since the last step),
@@ -174,8 +206,8 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   state that keeps one (``optax.adamw``'s ``ScaleByAdamState``, a schedule's
   ``ScaleByScheduleState``), and from ``optax.MultiSteps``'s state
   ``num_steps`` and ``num_draws``. A state with no counter (``optax.sgd``
-  with a constant learning rate) gives an empty dict. These come after the
-  entries of optax_gqc's own states.
+  with a constant learning rate) gives an empty dict. The ``count`` of such a
+  state comes after the entries of optax_gqc's own states.
 
   ``num_forced`` counts the steps that ``max_draws`` forced while the gate was
   closed. A few are normal (a noisy stretch); if it grows with ``num_steps``,
@@ -204,10 +236,13 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   state = jax.tree.map(
       lambda x: x.get_value() if _is_variable(x) else x, state, is_leaf=_is_variable
   )
-  found = sorted(_find_states(state), key=_precedence)  # stable: in traversal order within
+  # Stable: in traversal order within a precedence.
+  found = sorted(_find_states(_typed(state)), key=lambda found: _precedence(found[0]))
   out = {}
-  for s in found:
+  for s, inner in found:
     for name, value in _report_of(s)(s).items():
+      if inner and name == 'num_microbatches':  # it counts the steps of the outer one
+        continue
       if name == 'num_bad_hyperparams' and name in out:
         out[name] = out[name] + value
       else:

@@ -4,6 +4,7 @@ import importlib
 import sys
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -75,7 +76,11 @@ def test_fused_update_equals_optimizer_update_bitwise_under_nnx_jit(name):
   assert int(opt.step[...]) == int(ref_opt.step[...]) == 32
   assert not np.array_equal(model.layers[0].kernel[...], kernel0)
   if name != 'not_an_accumulation':
-    assert 0 < int(optax_gqc.statistics(opt.opt_state)['num_steps']) < 32  # both branches ran
+    stats = optax_gqc.statistics(opt.opt_state)
+    assert 0 < int(stats['num_steps']) < 32  # both branches ran
+    # nnx.state keeps each state as a mapping of its fields, as checkpoints do.
+    for kept in (opt, nnx.state(opt), nnx.to_pure_dict(nnx.state(opt))):
+      jax.tree.map(np.testing.assert_array_equal, optax_gqc.statistics(kept), stats)
 
 
 def test_import_without_flax_says_how_to_install(monkeypatch):

@@ -259,8 +259,38 @@ def test_statistics_reads_inside_optax_multisteps():
   stats = optax_gqc.statistics(
       last_state(optax.MultiSteps(optax_gqc.sbc(optax.sgd(1.0), 2, 1), 2), num=8)
   )
-  assert int(stats['num_steps']) == 2 and int(stats['num_microbatches']) == 4
-  assert int(stats['logical_batch_size']) == 2
+  assert int(stats['num_steps']) == 2 and int(stats['logical_batch_size']) == 2
+  assert 'num_microbatches' not in stats  # the accumulation's 4 are MultiSteps' steps
+
+
+def test_statistics_counts_the_steps_of_optax_multisteps_not_of_its_inner_optimizer():
+  # 8 microbatches, a step every 4: the inner counts (2) are steps, the outer
+  # scale_to_norm's (8) microbatches.
+  for inner in (optax_gqc.sgd_sai(0.1), optax_gqc.gnr(optax.sgd(0.1), 1.0)):
+    stats = optax_gqc.statistics(last_state(optax.MultiSteps(inner, 4), num=8))
+    assert int(stats['num_steps']) == 2 and 'num_microbatches' not in stats
+  multi = optax.MultiSteps(optax.adam(0.1), 4).gradient_transformation()
+  stats = optax_gqc.statistics(last_state(optax.chain(optax_gqc.scale_to_norm(1.0), multi), num=8))
+  assert int(stats['num_steps']) == 2 and int(stats['num_microbatches']) == 8
+
+
+def _as_dicts(tree):
+  """NamedTuples as dicts of their fields, as a checkpoint restored without a target has them."""
+  if hasattr(tree, '_fields'):
+    return {k: _as_dicts(v) for k, v in tree._asdict().items()}
+  if isinstance(tree, tuple | list):
+    return type(tree)(_as_dicts(x) for x in tree)
+  if isinstance(tree, dict):
+    return {k: _as_dicts(v) for k, v in tree.items()}
+  return tree
+
+
+def test_statistics_reads_states_kept_as_mappings_of_their_fields():
+  tx = optax.chain(optax_gqc.scale_to_norm(1.0), optax_gqc.gnts(optax_gqc.sgd_sai(0.1), 0.5))
+  state = last_state(tx, num=6)
+  stats = optax_gqc.statistics(state)
+  assert {'num_steps', 'noise_scale', 'target', 'gsnr_min'} < set(stats)
+  jax.tree.map(np.testing.assert_array_equal, optax_gqc.statistics(_as_dicts(state)), stats)
 
 
 def test_a_count_of_calls_is_not_read_as_steps():
