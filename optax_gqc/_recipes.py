@@ -79,7 +79,10 @@ def schedule_by_microbatch(
   optimizer with ``optax.inject_hyperparams`` and wrap the accumulation:
   before every update, ``schedules[name](t)`` is written into the inner
   state's hyperparameter ``name``, with ``t`` the engine's ``num_microbatches``
-  (the microbatches accepted before this one). Only scalars change, outside
+  (the microbatches accepted before this one); every hyperparameter of that
+  name, each group's in an ``optax.partition`` (for groups at different rates,
+  inject the same rate in each and scale a group's updates by its factor,
+  ``optax.chain(inner, optax.scale(2.0))``). Only scalars change, outside
   the engine's ``lax.cond``: it costs nothing per parameter. The same as
   setting them by hand before each update,
   ``state = optax.tree.set(state, learning_rate=schedule(optax.tree.get(state,

@@ -72,7 +72,9 @@ class Gate(NamedTuple):
   - a plain name (``threshold``, ``loss_ema``, ``target_batch_size``) is for
     the user: the current value of a hyperparameter, an estimate, or a
     counter. :func:`optax_gqc.statistics` reports it, and
-    ``optax.tree.get(state, name)`` finds it;
+    ``optax.tree.get(state, name)`` finds it where no other part of the state
+    has the name (``num_bad_hyperparams`` is also the engine's, and
+    :func:`any_of` of two ``norm_below`` holds two ``threshold``);
   - a name that begins with an underscore (``_loss_m2``) is the gate's own:
     a running sum it needs for its next decision, which means nothing
     outside it. :func:`optax_gqc.statistics` leaves it out.
