@@ -120,7 +120,8 @@ def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientT
 
   def init_fn(params):
     return ScaleByGsnrState(
-        computed=jax.tree.map(lambda _: jnp.zeros([], jnp.bool_), params),
+        # A leaf of no elements never gets a non-zero gradient: nothing to wait for.
+        computed=jax.tree.map(lambda p: jnp.asarray(p.size == 0), params),
         gsnr=jax.tree.map(lambda _: jnp.zeros([], jnp.float32), params),
         normalizer=jnp.asarray(0.0 if normalize else 1.0, jnp.float32),
     )

@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 
+import optax_gqc
 from optax_gqc._sgd_sai import scale_by_gsnr, sgd_sai
 from tests._helpers import division_rtol
 
@@ -329,6 +330,19 @@ def test_zero_first_gradient_takes_gsnr_from_first_nonzero():
     p = p - 1e-2 * s * m
     np.testing.assert_allclose(ours[t]['w'], p, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(ours[-1]['v'], want['v'], rtol=1e-6)  # the other leaf agrees
+
+
+def test_a_leaf_of_no_elements_waits_for_nothing():
+  # It never gets a non-zero gradient: pending for good would keep the
+  # per-leaf reductions running on every update.
+  params = {'w': jnp.ones(3), 'empty': jnp.zeros((0, 4))}
+  tx = sgd_sai(0.1)
+  state = tx.init(params)
+  assert bool(state[0].computed['empty'])
+  grads = {'w': jnp.array([1.0, 2.0, 3.0]), 'empty': jnp.zeros((0, 4))}
+  updates, state = jax.jit(tx.update)(grads, state, params)
+  assert int(optax_gqc.statistics(state)['num_pending_gsnr']) == 0
+  assert np.all(np.isfinite(updates['w'])) and updates['empty'].shape == (0, 4)
 
 
 # Options.
