@@ -162,6 +162,7 @@ def gnts(
     # Without a size the gate counts in microbatches: no size for accumulate to report.
     gate = gate._replace(microbatch_size=microbatch_size)
   elif threshold is None:
+    _checks.check_scalar_or_schedule('ratio', ratio)  # norm_below's check names its threshold
     gate = gates.any_of(
         gates.norm_below(ratio, relative=True),
         gates.relative_error_below(0.8 if eta is None else eta),

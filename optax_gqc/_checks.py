@@ -68,8 +68,10 @@ def check_schedule(name: str, schedule: Any) -> None:
     )
 
 
-def check_scalar_or_schedule(name: str, value: Any, *, positive: bool = False) -> None:
-  """Raises if a constant hyperparameter is NaN, negative (or zero if `positive`).
+def check_scalar_or_schedule(
+    name: str, value: Any, *, positive: bool = False, finite: bool = False
+) -> None:
+  """Raises if a constant hyperparameter is NaN, negative (or zero if `positive`, inf if `finite`).
 
   A schedule must run on a traced step count and return a scalar.
   """
@@ -79,9 +81,9 @@ def check_scalar_or_schedule(name: str, value: Any, *, positive: bool = False) -
   v = concrete_float(name, value)
   if v is None:
     return
-  if math.isnan(v) or v < 0 or (positive and v == 0):
+  if math.isnan(v) or v < 0 or (positive and v == 0) or (finite and math.isinf(v)):
     bound = '> 0' if positive else '>= 0'
-    raise ValueError(f'{name} must be {bound}, got {v}')
+    raise ValueError(f"{name} must be {'finite and ' if finite else ''}{bound}, got {v}")
 
 
 def check_positive(name: str, value: Any) -> None:

@@ -56,7 +56,7 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
     >>> updates['w']
     Array([1.2, 1.6], dtype=float32)
   """
-  _checks.check_scalar_or_schedule('target', target)
+  _checks.check_scalar_or_schedule('target', target, finite=True)  # inf: a zero update
 
   def value_at(count):
     return jnp.array(target(count) if callable(target) else target, jnp.float32)

@@ -253,6 +253,18 @@ AT_CONSTRUCTION = {
         'threshold',
         r'>= 0',
     ),
+    'negative ratio': (
+        lambda: optax_gqc.gnts(sgd(), ratio=-0.5),
+        ValueError,
+        'ratio',
+        r'>= 0',
+    ),
+    'ratio as a string': (
+        lambda: optax_gqc.gnts(sgd(), ratio='half'),
+        TypeError,
+        'ratio',
+        r'pass a float',
+    ),
     'array threshold': (
         lambda: optax_gqc.gnts(sgd(), jnp.ones(2)),
         ValueError,
@@ -337,6 +349,12 @@ AT_CONSTRUCTION = {
         ValueError,
         'target',
         r'>= 0',
+    ),
+    'gnr infinite target': (  # every update would be zero
+        lambda: optax_gqc.gnr(sgd(), float('inf')),
+        ValueError,
+        'target',
+        r'finite',
     ),
     'scale_to_norm string': (
         lambda: optax_gqc.scale_to_norm('1'),
