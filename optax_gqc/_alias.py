@@ -220,6 +220,10 @@ def sbc(
       steps every ``max_draws`` microbatches.
     accumulator_dtype: dtype of the accumulator; None means float32.
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
+    scale_by_draws: a function of :math:`n` that multiplies the inner update
+      of a step that averaged :math:`n` microbatches (see
+      :func:`optax_gqc.accumulate`); None (the default, as ``MultiSteps``)
+      for no scaling.
     axis_name: as in :func:`gnts`.
 
   Returns:

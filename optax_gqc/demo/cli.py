@@ -206,8 +206,8 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
       metavar='N',
       type=_int_at_least(1),
       default=None,
-      help="the most microbatches per step of the critical and gnts arms (default: each arm's "
-      'max_draws in ARMS, 32)',
+      help='the most microbatches per step of the arms that have a limit (default: '
+      "each arm's max_draws in ARMS: critical 32, gnts 64, relative 32, seesaw 16)",
   )
   add(
       '--evals',

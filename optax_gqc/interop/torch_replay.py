@@ -102,7 +102,7 @@ def _default_torch_step(optimizer: Any, loss: float | None) -> bool | None:
 
 
 def _default_optax_stats(state: Any) -> dict[str, Any]:
-  """:func:`optax_gqc.statistics` of the state; nothing when it holds no accumulation."""
+  """:func:`optax_gqc.statistics` of the state, as Python numbers."""
   try:
     stats = statistics(state)
   except ValueError:
@@ -160,7 +160,8 @@ def replay(
 
   A torch side stepped when its ``step`` returned True (or None, a plain
   optimizer). Ours stepped when its statistics' ``num_steps`` grew, or on
-  every microbatch when it has no ``num_steps`` (e.g. :func:`optax_gqc.gnr`).
+  every microbatch when they have no ``num_steps`` (``optax.sgd`` with a
+  constant rate, say).
 
   Args:
     torch_side: called with the torch parameters (one ``nn.Parameter`` per
@@ -176,8 +177,8 @@ def replay(
       side some other way.
     torch_stats: ``optimizer -> dict``; by default torch-gqc's
       ``statistics()``, or nothing for a plain optimizer.
-    optax_stats: ``state -> dict``; by default :func:`optax_gqc.statistics`,
-      or nothing when the state holds no accumulation.
+    optax_stats: ``state -> dict``; by default :func:`optax_gqc.statistics`
+      (with its values as Python numbers).
     jit: jit the Optax update (compiled once per transformation).
 
   Returns:
