@@ -261,6 +261,35 @@ def test_suite_runs_a_task_and_its_report_exits_on_the_targets(load, tmp_path, c
   assert suite.report(tmp_path, ['a', 'b']) == 1
   assert 'MISS  b: every seed >= -0.01' in capsys.readouterr().out
   assert (tmp_path / 'suite.md').read_text().startswith('| task | seeds |')
+  # A seed with no margin (diverged, or outside its frontier) misses; it is not left out.
+  (tmp_path / 'b.json').write_text(json.dumps(fake([0.01, None, 0.015], 0.4)))
+  assert suite.report(tmp_path, ['a', 'b']) == 1
+  out = capsys.readouterr().out
+  assert 'MISS  b: every seed >= -0.01' in out and '| `b` | 2 of 3 |' in out
+  (tmp_path / 'b.json').write_text(json.dumps({**fake([0.01], 0.4), 'arms': {}}))
+  assert suite.report(tmp_path, ['a', 'b']) == 1
+  assert 'MISS  b: gnts was run' in capsys.readouterr().out
+
+
+def test_suite_checks_its_arguments_before_training(load, tmp_path, capsys):
+  suite = load('suite')
+  (tmp_path / 'teacher.json').write_text(
+      json.dumps({'seeds': [0], 'ks': [1, 2], 'arm_names': ['gnts']})
+  )
+  bad = {
+      '--tasks nope': 'unknown task nope',
+      '--tasks teacher --arms nope': 'unknown arm nope',
+      '--tasks teacher --seeds a': 'comma-separated integers',
+      '--tasks teacher --merge': 'give --out',
+      f'--tasks teacher --merge --out {tmp_path / "none"}': 'no .*teacher.json',
+      f'--tasks teacher --seeds 0 --ks 1,2 --arms gnts --merge --out {tmp_path}': 'other seeds',
+      f'--tasks teacher --seeds 1 --ks 1,4 --arms gnts --merge --out {tmp_path}': 'pass the same',
+  }
+  for argv, message in bad.items():
+    with pytest.raises(SystemExit) as info:
+      suite.main(argv.split())
+    assert info.value.code == 2
+    assert re.search(message, capsys.readouterr().err), argv
 
 
 def compile_result(total_s):
