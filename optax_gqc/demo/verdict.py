@@ -8,6 +8,7 @@ interpolates the frontier at the arm's step count and says by how much.
 counts an arm below the frontier only by more than the seed-to-seed spread.
 """
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,9 +34,10 @@ def seed_spread(losses: Mapping[str, Sequence[float]]) -> float | None:
 
   Returns:
     The maximum over arms of ``max - min`` over seeds (with two seeds,
-    ``|seed0 - seed1|``); None when no arm has two seeds.
+    ``|seed0 - seed1|``), of the finite losses; None when no arm has two.
   """
-  ranges = [max(v) - min(v) for v in losses.values() if len(v) >= 2]
+  finite = [[x for x in v if math.isfinite(x)] for v in losses.values()]
+  ranges = [max(v) - min(v) for v in finite if len(v) >= 2]
   return max(ranges) if ranges else None
 
 
@@ -60,7 +62,8 @@ def verdict(
     ``above`` when ``|margin|`` exceeds the spread (:data:`ONE_SEED_NOISE`
     with one seed), ``on``
     within it, ``outside`` the frontier's range, ``no frontier`` with fewer
-    than two fixed arms; ``step_ratio`` (the arm's
+    than two fixed arms, ``not finite`` where the arm's loss or the
+    frontier's there is not (a run diverged); ``step_ratio`` (the arm's
     steps over the control's) and ``near_control``: whether the arm is within
     :data:`NEAR_CONTROL_NATS` of the control's loss with at most
     :data:`FEW_STEPS_RATIO` times its steps.
@@ -74,6 +77,8 @@ def verdict(
       position = 'no frontier'
     elif margin is None:
       position = 'outside'
+    elif not math.isfinite(margin):
+      position = 'not finite'
     elif margin > bar:
       position = 'below'
     elif margin < -bar:
@@ -117,6 +122,8 @@ def verdict_line(verdicts: Mapping[str, Mapping[str, Any]], label: str = '') -> 
       where = f'{steps}; no frontier to compare with (it takes two fixed arms or more)'
     elif v['position'] == 'outside':
       where = f'outside the frontier at {steps}'
+    elif v['position'] == 'not finite':
+      where = f"no verdict at {steps}: its loss or the frontier's is not finite (a run diverged)"
     elif v['position'] == 'on':
       noise = 'the spread' if v['spread'] is not None else "one seed's noise"
       where = f"on the frontier at {steps}: margin {v['margin']:+.3f}, within {noise}"

@@ -82,6 +82,21 @@ def test_frontier_points_are_the_fixed_arms_in_order_of_k():
 def test_seed_spread_is_the_largest_range_of_an_arm_over_seeds():
   assert verdict.seed_spread({'a': [1.80, 1.83], 'b': [1.90, 1.85, 1.86]}) == pytest.approx(0.05)
   assert verdict.seed_spread({'a': [1.8], 'b': [1.9]}) is None
+  # A diverged seed says nothing of the others' spread.
+  assert verdict.seed_spread({'a': [math.nan, 1.80, 1.83]}) == pytest.approx(0.03)
+
+
+def test_a_diverged_run_gets_no_verdict():
+  # NaN fails both comparisons with the spread: it read as on the frontier.
+  diverged = {'arm': (500, math.nan)}
+  frontier = [*FRONTIER[:-1], (FRONTIER[-1][0], math.inf)]
+  for v in (
+      verdict.verdict(FRONTIER, diverged, (1000, 1.80))['arm'],
+      verdict.verdict(frontier, {'arm': (200, 2.05)}, (1000, 1.80))['arm'],
+  ):
+    assert v['position'] == 'not finite'
+    line = verdict.verdict_line({'arm': v})
+    assert 'no verdict' in line and 'on the frontier' not in line
 
 
 def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
