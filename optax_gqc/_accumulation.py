@@ -334,6 +334,7 @@ def accumulate(
     # rejected microbatch.
     gate_step, gate_state = gate.update(stats, state.gate_state, **extra_args)
     _checks.check_gate_output(gate_step, gate_state, state.gate_state)
+    gate_state = optax.tree.cast_like(gate_state, state.gate_state)
     forced = ok & ~gate_step & (stats.num_draws >= jnp.maximum(max_draws, 1))
     step = ok & (gate_step | forced)
     _checks.check_global_decision(grad_sq, step, axis_name)

@@ -263,10 +263,20 @@ def check_like_params(updates: Any, accumulator: Any) -> None:
 
 
 def check_gate_output(step: Any, new_state: Any, old_state: Any) -> None:
-  """Raises at trace time if a gate's update breaks the Gate protocol."""
+  """Raises at trace time if a gate's update breaks the Gate protocol.
+
+  A float entry may come back in another float dtype (a float64
+  hyperparameter under x64 promotes it), as an integer in another integer
+  dtype: the engine casts it back.
+  """
   check_decision(step, 'gate: update')
+
+  def kind(x):
+    dtype = jnp.result_type(x)
+    return next((k for k in (jnp.floating, jnp.integer) if jnp.issubdtype(dtype, k)), dtype)
+
   if jax.tree.structure(new_state) != jax.tree.structure(old_state) or any(
-      jnp.result_type(a) != jnp.result_type(b) or jnp.shape(a) != jnp.shape(b)
+      kind(a) != kind(b) or jnp.shape(a) != jnp.shape(b)
       for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(old_state), strict=True)
   ):
     raise TypeError(

@@ -132,8 +132,8 @@ def fold(
 ) -> NoiseScaleState:
   """Folds one pair of estimates into the EMAs, where ``where``; keeps them elsewhere."""
 
-  def ema(old, new):
-    return jnp.where(where, decay * old + (1.0 - decay) * new, old)
+  def ema(old, new):  # in the state's dtype, whatever the decay's (a float64 one under x64)
+    return jnp.where(where, decay * old + (1.0 - decay) * new, old).astype(old.dtype)
 
   return NoiseScaleState(
       ema(state.grad_sq_norm_ema, grad_sq_norm),

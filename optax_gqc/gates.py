@@ -87,7 +87,10 @@ class Gate(NamedTuple):
   Attributes:
     init: ``() -> gate_state``, the dict above.
     update: ``(stats, gate_state, **extra_args) -> (step, gate_state)`` with
-      ``stats`` a :class:`DrawStats` and ``step`` a boolean scalar.
+      ``stats`` a :class:`DrawStats` and ``step`` a boolean scalar. The
+      engine casts an entry returned in another float (or integer) dtype back
+      to ``init``'s (a float64 hyperparameter under x64 promotes it); another
+      structure, shape or kind of dtype raises.
     microbatch_size: examples per microbatch, for a gate that counts
       examples (:func:`batch_size_at_least`, :func:`critical_batch`); None
       otherwise. :func:`optax_gqc.accumulate` reads it, so that it is given

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 import optax_gqc
+from optax_gqc import gates
 
 MIXED = {'w': jnp.linspace(-1.0, 1.0, 12).reshape(3, 4).astype(jnp.bfloat16), 'b': jnp.ones(4)}
 
@@ -161,6 +162,39 @@ def test_float64_mean_of_many_microbatches_under_x64():
     ours, _ = run(tx, grads, params)
     expected = -np.mean([np.asarray(g['w']) for g in grads], axis=0)
     np.testing.assert_allclose(ours[-1][0]['w'], expected, rtol=1e-15)
+
+
+@pytest.mark.parametrize(
+    'make',
+    [
+        lambda: optax_gqc.accumulate(
+            optax.sgd(0.1), gates.norm_below(0.5), max_draws=4, noise_decay=np.float64(0.9)
+        ),
+        lambda: optax_gqc.accumulate(
+            optax.sgd(0.1),
+            gates.norm_below(0.5, relative=True, decay=np.float64(0.99)),
+            max_draws=4,
+        ),
+        lambda: optax_gqc.mht(optax.sgd(0.1), 0.9, 0.05, decay=np.float64(0.99), max_draws=4),
+    ],
+    ids=['noise_decay', 'norm_below_decay', 'mht_decay'],
+)
+def test_float64_hyperparameters_under_x64_keep_the_state_float32(make):
+  # decay * old promoted the float32 EMAs to float64: a state that changes
+  # type retraces jit and breaks lax.scan (and the gates raised).
+  with jax.enable_x64(True):
+    tx = make()
+    params = {'w': jnp.array([1.0, 2.0, -3.0], jnp.float32)}
+    grads = jnp.stack([jnp.array([1.0, -0.5, 0.2]) * (i + 1) for i in range(6)])
+
+    def body(state, g):
+      updates, state = tx.update({'w': g}, state, params, value=jnp.sum(g))
+      return state, updates['w']
+
+    state0 = tx.init(params)
+    state, _ = jax.lax.scan(body, state0, grads)
+    assert dtypes(state) == dtypes(state0)
+    assert int(optax_gqc.statistics(state)['num_steps']) >= 1
 
 
 @pytest.mark.parametrize(
