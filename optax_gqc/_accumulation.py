@@ -211,7 +211,10 @@ def accumulate(
       a callable, for a schedule.) A dtype of a narrower range than float32
       (``jnp.float16``, whose largest value is 65504, or a float8) raises
       ``ValueError``: a running sum of finite gradients would overflow to inf
-      there, and the parameters with it. ``jnp.bfloat16`` has float32's range.
+      there, and the parameters with it. ``jnp.bfloat16`` has float32's range
+      but 8 significant bits: a long sum rounds new microbatches away (with
+      gradients of 1/3, the mean of 1024 comes out at 0.125); use it with
+      a ``max_draws`` of a few tens.
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
     noise_decay: EMA decay of the noise-scale estimates (see below), in
       [0, 1); a traced value outside it leaves the estimates as they are, and

@@ -219,7 +219,8 @@ def check_accumulator_dtype(dtype: Any) -> None:
         f'accumulator_dtype {jnp.dtype(dtype)} is too narrow for a running sum: '
         f'its largest value is {float(jnp.finfo(dtype).max):g}, so a sum of finite '
         'gradients overflows to inf and the parameters are lost. Pass '
-        "accumulator_dtype=jnp.bfloat16 (float32's range) or None (float32)"
+        "accumulator_dtype=None (float32), or jnp.bfloat16 (float32's range, but 8 "
+        'significant bits: for accumulations of a few tens of microbatches)'
     )
 
 

@@ -197,6 +197,28 @@ def test_float64_hyperparameters_under_x64_keep_the_state_float32(make):
     assert int(optax_gqc.statistics(state)['num_steps']) >= 1
 
 
+def test_a_long_bfloat16_sum_rounds_new_microbatches_away():
+  # What docs/robustness.md says of accumulator_dtype=jnp.bfloat16: 8
+  # significant bits. From a sum of 128, whose last bit is 1, a microbatch of
+  # 1/3 rounds to nothing, so 1024 of them sum to 128: a mean of 1/8.
+  params = {'w': jnp.zeros([], jnp.float32)}
+
+  def mean_of(k, dtype):
+    tx = optax_gqc.sbc(optax.sgd(-1.0), k, 1, accumulator_dtype=dtype)
+
+    def body(state, _):
+      updates, state = tx.update({'w': jnp.float32(1 / 3)}, state, params)
+      return state, updates['w']
+
+    return float(jax.lax.scan(body, tx.init(params), length=k)[1][-1])
+
+  for k in (16, 64, 256, 1024):
+    assert mean_of(k, None) == pytest.approx(1 / 3, rel=1e-5)
+  assert mean_of(16, jnp.bfloat16) == pytest.approx(1 / 3, rel=0.01)
+  assert mean_of(256, jnp.bfloat16) == pytest.approx(1 / 3, rel=0.05)
+  assert mean_of(1024, jnp.bfloat16) == 0.125
+
+
 @pytest.mark.parametrize(
     'param_dtype, requested, expected',
     [
