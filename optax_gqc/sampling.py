@@ -58,12 +58,18 @@ class TestResult(NamedTuple):
 
 
 def _flat(grads: Any) -> jax.Array:
-  """The stacked pytree as a ``(b, dim)`` float32 matrix."""
+  """The stacked pytree as a ``(b, dim)`` float32 matrix; a complex entry as two real ones."""
   leaves = jax.tree.leaves(grads)
   b = leaves[0].shape[0]
   if b < 2:
     raise ValueError(f'the sampling tests need at least 2 stacked gradients, got {b}')
-  return jnp.concatenate([x.reshape(b, -1).astype(jnp.float32) for x in leaves], axis=1)
+
+  def real(x):
+    x = x.reshape(b, -1)
+    parts = [x.real, x.imag] if jnp.iscomplexobj(x) else [x]
+    return [p.astype(jnp.float32) for p in parts]
+
+  return jnp.concatenate([p for x in leaves for p in real(x)], axis=1)
 
 
 def _parts(grads: Any):

@@ -49,6 +49,19 @@ def test_statistics_against_numpy(grads):
   assert int(sampling.propose_batch_size(grads, theta=0.3, nu=0.7)) == int(np.ceil(max(b, aug)))
 
 
+def test_a_complex_gradient_is_its_real_and_imaginary_parts(grads):
+  # As the real vector of twice the size: .astype(float32) kept the real part.
+  complex_grads = {'z': grads['a'] + 1j * grads['a'][:, ::-1], 'b': grads['b']}
+  real_grads = {'re': grads['a'], 'im': grads['a'][:, ::-1], 'b': grads['b']}
+  for test, arg in ((sampling.norm_test, 0.5), (sampling.inner_product_test, 0.3)):
+    got, want = test(complex_grads, arg), test(real_grads, arg)
+    assert float(got.statistic) == pytest.approx(float(want.statistic), rel=1e-5)
+    assert float(got.bound) == pytest.approx(float(want.bound), rel=1e-5)
+  assert int(sampling.propose_batch_size(complex_grads, eta=0.5)) == int(
+      sampling.propose_batch_size(real_grads, eta=0.5)
+  )
+
+
 def test_proposal_never_decreases_and_is_capped(grads):
   b = 12
   assert int(sampling.propose_batch_size(grads, eta=1e6)) == b  # passes easily: keep b
