@@ -464,16 +464,18 @@ def _count(state, stats, ok, stepped, forced, max_draws, noise_decay) -> Accumul
   grad_sq_est, trace_est = _noise_scale.estimates(
       1.0, stats.sum_sq_norms / n, n, jnp.square(stats.acc_norm)
   )
+
+  def plus(count, flag):  # stops at int32's largest, as optax.safe_increment: no wrap
+    return jnp.where(flag & (count < jnp.iinfo(jnp.int32).max), count + 1, count)
+
   zero_f = jnp.zeros([], jnp.float32)
   return state._replace(
       num_draws=pick(0, n, state.num_draws),
-      num_microbatches=pick(
-          state.num_microbatches + 1, state.num_microbatches + 1, state.num_microbatches
-      ),
-      num_steps=state.num_steps + stepped,
-      num_skipped=state.num_skipped + ~ok,
-      num_forced=state.num_forced + forced,
-      num_bad_hyperparams=state.num_bad_hyperparams + (ok & ~(draws_ok & decay_ok)),
+      num_microbatches=plus(state.num_microbatches, ok),
+      num_steps=plus(state.num_steps, stepped),
+      num_skipped=plus(state.num_skipped, ~ok),
+      num_forced=plus(state.num_forced, forced),
+      num_bad_hyperparams=plus(state.num_bad_hyperparams, ok & ~(draws_ok & decay_ok)),
       last_num_draws=pick(n, state.last_num_draws, state.last_num_draws),
       last_grad_norm=pick(stats.acc_norm, state.last_grad_norm, state.last_grad_norm),
       sum_sq_norms=pick(zero_f, stats.sum_sq_norms, state.sum_sq_norms),

@@ -478,6 +478,20 @@ def test_the_loss_reaches_an_optax_multisteps_inside_and_through_update_and_appl
     chex.assert_trees_all_close(p, ref_params)
 
 
+def test_counters_stop_at_the_int32_limit_rather_than_wrap():
+  # A wrapped num_microbatches would give schedule_by_microbatch a negative count.
+  top = jnp.iinfo(jnp.int32).max
+  tx = optax_gqc.gnts(optax.sgd(0.1), ratio=0.5, max_draws=1)
+  state = tx.init(PARAMS)
+  counts = ('num_microbatches', 'num_steps', 'num_forced', 'num_skipped')
+  state = state._replace(**{name: jnp.asarray(top, jnp.int32) for name in counts})
+  grads = grad_stream(2, seed=1)
+  bad = jax.tree.map(lambda g: g * jnp.nan, grads[1])
+  for g in (grads[0], bad):
+    _, state = jax.jit(tx.update)(g, state, PARAMS)
+  assert all(int(getattr(state, name)) == top for name in counts)
+
+
 def test_update_and_apply_differentiates_as_the_optax_path():
   """Derivatives through the fused step (a learning rate's, the params') are the Optax path's."""
   grads = grad_stream(6, seed=7)
