@@ -222,6 +222,11 @@ def check_accumulator_dtype(dtype: Any) -> None:
         "accumulator_dtype=None (float32), or jnp.bfloat16 (float32's range, but 8 "
         'significant bits: for accumulations of a few tens of microbatches)'
     )
+  if dtype is not None and jnp.finfo(dtype).nmant < jnp.finfo(jnp.bfloat16).nmant:
+    raise ValueError(  # float8_e8m0fnu: float32's range, but powers of two alone, and no sign
+        f'accumulator_dtype {jnp.dtype(dtype)} has {jnp.finfo(dtype).nmant} mantissa bits, too '
+        'few to hold a sum of gradients. Pass accumulator_dtype=None (float32)'
+    )
 
 
 def check_like_params(updates: Any, accumulator: Any) -> None:

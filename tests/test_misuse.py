@@ -208,7 +208,13 @@ AT_CONSTRUCTION = {
         lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype=jnp.float16),
         ValueError,
         'accumulator_dtype float16 is too narrow',
-        r'accumulator_dtype=jnp.bfloat16.*or None',
+        r'accumulator_dtype=None \(float32\), or jnp.bfloat16',
+    ),
+    'float8_e8m0fnu accumulator': (  # float32's range, no mantissa
+        lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype=jnp.float8_e8m0fnu),
+        ValueError,
+        'accumulator_dtype float8_e8m0fnu has 0 mantissa bits',
+        r'accumulator_dtype=None',
     ),
     'accumulator_dtype not a dtype': (
         lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype='high'),
