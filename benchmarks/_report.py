@@ -3,8 +3,34 @@
 Only the standard library: ``train_step.py`` imports it before jax and torch.
 """
 
+import argparse
 import json
+import os
 from typing import Any
+
+
+def positive_int(text: str) -> int:
+  """An argparse type: an integer >= 1."""
+  value = int(text)  # a ValueError: argparse says the value is invalid
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'must be an integer >= 1, got {text}')
+  return value
+
+
+def count(text: str) -> int:
+  """An argparse type: an integer >= 0."""
+  value = int(text)
+  if value < 0:
+    raise argparse.ArgumentTypeError(f'must be an integer >= 0, got {text}')
+  return value
+
+
+def json_path(text: str) -> str:
+  """An argparse type: a file to write, in a folder that exists (checked before the run)."""
+  folder = os.path.dirname(os.path.abspath(text))
+  if not os.path.isdir(folder):
+    raise argparse.ArgumentTypeError(f'no folder {folder} to write {text} into')
+  return text
 
 
 def print_targets(targets: dict[str, bool]) -> None:

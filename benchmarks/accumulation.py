@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from _common import make_grads, make_params, measure, optimizer_step, ratio, tree_bytes
-from _report import finish, print_targets
+from _report import finish, json_path, positive_int, print_targets
 
 import optax_gqc
 
@@ -193,11 +193,11 @@ def print_main_table(results, param_bytes: int, every: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--params', type=int, default=5_242_880)
-  parser.add_argument('--every', type=int, default=8)
-  parser.add_argument('--rounds', type=int, default=7)
-  parser.add_argument('--cycles', type=int, default=3)
-  parser.add_argument('--json', type=str, default=None)
+  parser.add_argument('--params', type=positive_int, default=5_242_880)
+  parser.add_argument('--every', type=positive_int, default=8)
+  parser.add_argument('--rounds', type=positive_int, default=7)
+  parser.add_argument('--cycles', type=positive_int, default=3)
+  parser.add_argument('--json', type=json_path, default=None)
   args = parser.parse_args(argv)
 
   params = make_params(args.params)
@@ -243,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
       'device': jax.devices()[0].platform,
       'results': results,
       'gates': gate_results,
+      # What the targets read: each the median of the within-round ratios.
+      'ratios': {f'{a} / {b}': ratio(results, a, b) for a, b in pairs},
+      'gate_ratios': {name: ratio(gate_results, name, base) for name in gate_results},
   }
   return finish(targets, args.json, data)
 

@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from _common import hlo_size
-from _report import finish, print_targets
+from _report import finish, json_path, positive_int, print_targets
 
 import optax_gqc
 from optax_gqc._numerics import kept_cond, sq_norm
@@ -310,9 +310,9 @@ def print_table(results: dict[int, dict[str, dict]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--leaves', type=int, nargs='+', default=[8, 32, 128])
-  parser.add_argument('--rounds', type=int, default=3)
-  parser.add_argument('--json', type=str, default=None)
+  parser.add_argument('--leaves', type=positive_int, nargs='+', default=[8, 32, 128])
+  parser.add_argument('--rounds', type=positive_int, default=3)
+  parser.add_argument('--json', type=json_path, default=None)
   args = parser.parse_args(argv)
   if any(n < 2 or n % 2 for n in args.leaves):
     parser.error('--leaves: each must be an even number >= 2 (a weight and a bias per layer)')

@@ -19,6 +19,7 @@ import sys
 import jax
 import optax
 from _common import make_grads, make_params, measure, optimizer_step, ratio, tree_bytes
+from _report import json_path, positive_int
 
 from optax_gqc import _sgd_sai
 
@@ -45,10 +46,10 @@ def candidates() -> dict[str, optax.GradientTransformation]:
 def main() -> int:
   """Prints the table; returns 1 if a target fails, else 0."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--params', type=int, default=5_242_880)
-  parser.add_argument('--rounds', type=int, default=9)
-  parser.add_argument('--iters', type=int, default=20)
-  parser.add_argument('--json', type=str, default=None)
+  parser.add_argument('--params', type=positive_int, default=5_242_880)
+  parser.add_argument('--rounds', type=positive_int, default=9)
+  parser.add_argument('--iters', type=positive_int, default=20)
+  parser.add_argument('--json', type=json_path, default=None)
   args = parser.parse_args()
 
   params = make_params(args.params)

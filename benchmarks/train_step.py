@@ -40,7 +40,7 @@ import statistics
 import sys
 import time
 
-from _report import finish, print_targets
+from _report import count, finish, json_path, positive_int, print_targets
 
 TARGET = 0.7  # gnts fused, per microbatch, as a fraction of torch-gqc
 
@@ -62,18 +62,25 @@ ACCUMULATING = ('jax_multisteps', 'gnts_optax', 'gnts_fused', 'torch_gqc')
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--width', type=int, default=256)
-  parser.add_argument('--layers', type=int, default=8)
-  parser.add_argument('--heads', type=int, default=4)
-  parser.add_argument('--context', type=int, default=64)
-  parser.add_argument('--microbatch', type=int, default=4, help='sequences per microbatch')
-  parser.add_argument('--vocab', type=int, default=256)
-  parser.add_argument('--every', type=int, default=8, help='microbatches per optimizer step')
-  parser.add_argument('--rounds', type=int, default=4)
-  parser.add_argument('--warmup', type=int, default=2, help='microbatches before timing')
-  parser.add_argument('--cycles', type=int, default=1, help='steps per candidate per round')
+  parser.add_argument('--width', type=positive_int, default=256)
+  parser.add_argument('--layers', type=positive_int, default=8)
+  parser.add_argument('--heads', type=positive_int, default=4)
+  parser.add_argument('--context', type=positive_int, default=64)
+  parser.add_argument('--microbatch', type=positive_int, default=4, help='sequences per microbatch')
+  parser.add_argument('--vocab', type=positive_int, default=256)
   parser.add_argument(
-      '--threads', type=int, default=len(os.sched_getaffinity(0)), help='CPU threads of each side'
+      '--every', type=positive_int, default=8, help='microbatches per optimizer step'
+  )
+  parser.add_argument('--rounds', type=positive_int, default=4)
+  parser.add_argument('--warmup', type=count, default=2, help='microbatches before timing')
+  parser.add_argument(
+      '--cycles', type=positive_int, default=1, help='steps per candidate per round'
+  )
+  parser.add_argument(
+      '--threads',
+      type=positive_int,
+      default=len(os.sched_getaffinity(0)),
+      help='CPU threads of each side',
   )
   parser.add_argument(
       '--omp-wait-policy',
@@ -84,10 +91,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument(
       '--breakdown', action='store_true', help='also time forward+backward alone on each side'
   )
-  parser.add_argument('--json', type=str, default=None)
+  parser.add_argument('--json', type=json_path, default=None)
   args = parser.parse_args(argv)
-  if args.threads < 1:
-    parser.error(f'--threads must be at least 1, got {args.threads}')
+  if not args.settle >= 0:
+    parser.error(f'--settle must be >= 0 seconds, got {args.settle}')
   if args.width % args.heads:
     parser.error(f'--width ({args.width}) must be a multiple of --heads ({args.heads})')
   return args

@@ -129,6 +129,10 @@ def test_accumulation_runs_on_tiny_sizes(load, tmp_path, capsys):
   assert all(r['ms'] > 0 for r in data['results'].values())
   out = capsys.readouterr().out
   assert out.count('PASS') + out.count('FAIL') == len(data['targets'])
+  # The ratios the targets read are in the JSON, as printed.
+  gnts_floor = data['ratios']['gnts / floor']
+  assert gnts_floor == bench.ratio(data['results'], 'gnts', 'floor')
+  assert f'gnts / floor = {gnts_floor:.3f}' in out
 
 
 def test_train_step_targets(load):
@@ -152,6 +156,28 @@ def test_train_step_checks_its_arguments(load):
     bench.parse_args(['--width', '30', '--heads', '4'])
   with pytest.raises(SystemExit):
     bench.parse_args(['--threads', '0'])
+  with pytest.raises(SystemExit):
+    bench.parse_args(['--heads', '0'])  # was a ZeroDivisionError in the width check
+
+
+@pytest.mark.parametrize(
+    'script, argv',
+    [
+        ('accumulation', ['--rounds', '0']),
+        ('accumulation', ['--cycles', '0']),
+        ('accumulation', ['--params', '-5']),
+        ('accumulation', ['--every', 'two']),
+        ('compile', ['--leaves', '8', '0']),
+        ('compile', ['--json', '/no/such/folder/out.json']),
+    ],
+)
+def test_benchmarks_refuse_bad_arguments_before_they_run(load, monkeypatch, capsys, script, argv):
+  # An argparse error (exit 2), where a traceback deep inside exited 1, as a missed target does.
+  bench = load(script)
+  monkeypatch.setattr(bench, 'measure', lambda *a, **k: pytest.fail('it ran'))
+  with pytest.raises(SystemExit) as info:
+    bench.main(argv)
+  assert info.value.code == 2 and argv[0] in capsys.readouterr().err
 
 
 @pytest.mark.parametrize('fused_ms, status', [(60.0, 0), (80.0, 1)])
