@@ -51,14 +51,17 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
     return super()._get_help_string(action)
 
 
+_INT32_MAX = 2**31 - 1  # the library's counts and the seeds are int32
+
+
 def _int_at_least(low: int):
   def parse(text: str) -> int:
     try:
       value = int(text)
     except ValueError:
       raise argparse.ArgumentTypeError(f'must be an integer, got {text!r}') from None
-    if value < low:
-      raise argparse.ArgumentTypeError(f'must be >= {low}, got {value}')
+    if not low <= value <= _INT32_MAX:
+      raise argparse.ArgumentTypeError(f'must be in [{low}, {_INT32_MAX}], got {value}')
     return value
 
   return parse
@@ -96,8 +99,8 @@ def _seed_list(text: str) -> tuple[int, ...]:
     seeds = [int(s) for s in text.split(',')]
   except ValueError:
     raise argparse.ArgumentTypeError(f'must be comma-separated integers, got {text!r}') from None
-  if any(s < 0 for s in seeds):
-    raise argparse.ArgumentTypeError(f'seeds must be >= 0, got {text!r}')
+  if any(not 0 <= s <= _INT32_MAX for s in seeds):
+    raise argparse.ArgumentTypeError(f'seeds must be in [0, {_INT32_MAX}], got {text!r}')
   return tuple(dict.fromkeys(seeds))
 
 
