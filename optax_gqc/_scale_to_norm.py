@@ -1,6 +1,6 @@
 """Gradient Norm Rescaling: rescale the gradient to a target global norm."""
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +69,7 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
 
   def update_fn(updates, state, params=None):
     del params
-    norm = jnp.sqrt(sq_norm(updates))
+    norm = _norm(updates)
     goal = value_at(state.count)
     bad = ~(jnp.isfinite(goal) & (goal >= 0))
     scale = jnp.where((norm > 0) & ~bad, goal / jnp.where(norm > 0, norm, 1.0), 0.0)
@@ -79,6 +79,33 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
     )
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _norm(updates: Any) -> jax.Array:
+  """The global L2 norm in float32, also where its square leaves float32's range.
+
+  The squares of entries below about 1e-19 flush to 0, and those above 1e19
+  overflow: the plain norm would then be 0 or inf for a gradient that has a
+  norm. Such a gradient is divided by its largest modulus first, in a branch
+  that runs only then.
+  """
+  sq = sq_norm(updates)
+  leaves = jax.tree.leaves(updates)
+  if not leaves:
+    return jnp.sqrt(sq)
+
+  def wide(x):  # float32, or complex64
+    return x.astype(jnp.complex64 if jnp.iscomplexobj(x) else jnp.float32)
+
+  def rescaled(leaves):
+    top = jnp.max(jnp.stack([jnp.max(jnp.abs(wide(x)), initial=0.0) for x in leaves]))
+    ok = (top > 0) & (top < jnp.inf)  # else 0 (a zero gradient), inf or NaN, as it is
+    scale = jnp.where(ok, top, 1.0)
+    norm = scale * jnp.sqrt(sq_norm([wide(x) / scale for x in leaves]))
+    return jnp.where(ok, norm, top)
+
+  in_range = (sq >= jnp.finfo(jnp.float32).tiny) & (sq < jnp.inf)
+  return jax.lax.cond(in_range, lambda _: jnp.sqrt(sq), rescaled, leaves)
 
 
 def report(s: ScaleToNormState) -> dict[str, jax.Array]:

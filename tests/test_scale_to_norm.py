@@ -38,6 +38,23 @@ def test_scale_to_norm_of_zero_gradient_is_zero():
   assert all(np.all(np.asarray(u) == 0) for u in jax.tree.leaves(updates))
 
 
+@pytest.mark.parametrize('magnitude', [1e-25, 1e-21, 1e20, 1e25])
+@pytest.mark.parametrize('complex_leaf', [False, True])
+def test_a_gradient_whose_squared_norm_leaves_float32s_range_still_hits_its_target(
+    magnitude, complex_leaf
+):
+  # Its squares flush to 0 or overflow: the plain norm gave a zero update.
+  g = {'w': jnp.full(4, magnitude, jnp.float32), 'b': jnp.zeros(0)}
+  if complex_leaf:
+    g['z'] = jnp.full(2, 1j * magnitude, jnp.complex64)
+  true_norm = magnitude * (6.0 if complex_leaf else 4.0) ** 0.5
+  tx = optax_gqc.scale_to_norm(3.0)
+  updates, state = jax.jit(tx.update)(g, tx.init(g))
+  assert float(state.grad_norm) == pytest.approx(true_norm, rel=1e-6)
+  assert float(optax.tree.norm(updates)) == pytest.approx(3.0, rel=1e-6)
+  np.testing.assert_allclose(updates['w'], 3.0 / true_norm * magnitude, rtol=1e-6)
+
+
 def test_a_bad_scheduled_target_gives_a_zero_update_and_is_counted():
   # A negative target would reverse the step; NaN and inf would poison the params.
   targets = [1.0, -0.5, np.nan, np.inf, 2.0]
