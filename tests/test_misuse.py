@@ -166,6 +166,14 @@ AT_CONSTRUCTION = {
         'scale_by_draws',
         r"static_args=\('scale_by_draws',\)",
     ),
+    'sgd_sai mu_dtype injected as a schedule': (
+        lambda: optax.inject_hyperparams(optax_gqc.sgd_sai)(0.1, mu_dtype=jnp.bfloat16).init(
+            PARAMS
+        ),
+        TypeError,
+        'mu_dtype',
+        r"static_args=\('mu_dtype',\)",
+    ),
     'accumulator_dtype injected as a schedule': (
         lambda: injected_gnts(accumulator_dtype=jnp.float32),
         TypeError,
