@@ -135,26 +135,43 @@ def _precedence(x: Any) -> int:
   return 2 if type(x) in _REPORTS else 3
 
 
-def _typed(state: Any) -> Any:
-  """``state`` with each mapping that holds exactly the fields of a reported state made one.
+# Fields that name a state of the library's, or MultiSteps', kept as a mapping.
+_SIGNATURES = {
+    cls.__name__: frozenset(fields)
+    for cls, fields in (
+        (AccumulateState, ('num_draws', 'num_microbatches', 'num_steps', 'num_forced')),
+        (_scale_to_norm.ScaleToNormState, ('target', 'grad_norm', 'num_bad_hyperparams')),
+        (_noise_scale.NoiseScaleState, ('grad_sq_norm_ema', 'trace_cov_ema')),
+        (_sgd_sai.ScaleByGsnrState, ('computed', 'gsnr', 'normalizer')),
+        (optax.MultiStepsState, ('mini_step', 'gradient_step', 'inner_opt_state')),
+    )
+}
+
+
+def _check_typed(state: Any) -> None:
+  """Raises if ``state`` holds one of the reported states as a mapping of its fields.
 
   ``nnx.state(optimizer)``, ``nnx.to_pure_dict`` and a checkpoint restored
-  without a target keep a NamedTuple state as a mapping of its fields.
+  without a target keep a NamedTuple state so, without its type, and drop its
+  empty fields: what it holds cannot be read reliably.
   """
-
-  def is_mapping(x):
-    return isinstance(x, Mapping)
-
-  def typed(x):
-    if not is_mapping(x):
-      return x
-    x = {k: _typed(v) for k, v in x.items()}
-    for cls in _REPORTS:
-      if set(x) == set(cls._fields):
-        return cls(**x)
-    return x
-
-  return jax.tree.map(typed, state, is_leaf=is_mapping)
+  if isinstance(state, Mapping):
+    for name, fields in _SIGNATURES.items():
+      if fields <= set(state):
+        raise TypeError(
+            f'statistics: the state holds a {name} as a mapping of its fields, as '
+            'nnx.state(optimizer), nnx.to_pure_dict or a checkpoint restored without a target '
+            'keep it, without the types that statistics reads. Pass optimizer.opt_state (or '
+            'the nnx.Optimizer), or restore the checkpoint onto a target, '
+            'jax.eval_shape(tx.init, params)'
+        )
+    values = state.values()
+  elif isinstance(state, tuple | list):
+    values = state
+  else:
+    return
+  for value in values:
+    _check_typed(value)
 
 
 def statistics(state: Any) -> dict[str, jax.Array]:
@@ -163,13 +180,14 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   Finds the states of optax_gqc's transformations wherever they sit in a
   nested optimizer state (inside ``optax.chain``, ``optax.inject_hyperparams``,
   ``optax.MultiSteps``, an accumulation's inner state, or the ``opt_state`` of
-  a Flax ``nnx.Optimizer``, also as ``nnx.state(optimizer)`` or a checkpoint
-  restored without a target, where a state is a mapping of its fields), and
-  reports each as below. Where two report the same name, an accumulation's
-  entry comes first (optax_gqc's, then ``optax.MultiSteps``'), then the others
-  in traversal order; pass a part of the state (``statistics(state[0])``) to
-  read another. A state inside an accumulation (its inner optimizer's) reports
-  no ``num_microbatches``: each of its updates is a step. Works under
+  a Flax ``nnx.Optimizer``; not ``nnx.state(optimizer)`` or a checkpoint
+  restored without a target, which keep a state as a mapping of its fields
+  without its type, and raise ``TypeError``), and reports each as below.
+  Where two report the same name, an accumulation's entry comes first
+  (optax_gqc's, then ``optax.MultiSteps``'), then the others in traversal
+  order; pass a part of the state (``statistics(state[0])``) to read another.
+  A state inside an accumulation (its inner optimizer's) reports no
+  ``num_microbatches``: each of its updates is a step. Works under
   ``jax.jit``.
 
   An accumulation (:func:`accumulate`, and every optimizer and recipe built on
@@ -237,7 +255,8 @@ def statistics(state: Any) -> dict[str, jax.Array]:
       lambda x: x.get_value() if _is_variable(x) else x, state, is_leaf=_is_variable
   )
   # Stable: in traversal order within a precedence.
-  found = sorted(_find_states(_typed(state)), key=lambda found: _precedence(found[0]))
+  _check_typed(state)
+  found = sorted(_find_states(state), key=lambda found: _precedence(found[0]))
   out = {}
   for s, inner in found:
     for name, value in _report_of(s)(s).items():

@@ -285,12 +285,23 @@ def _as_dicts(tree):
   return tree
 
 
-def test_statistics_reads_states_kept_as_mappings_of_their_fields():
-  tx = optax.chain(optax_gqc.scale_to_norm(1.0), optax_gqc.gnts(optax_gqc.sgd_sai(0.1), 0.5))
-  state = last_state(tx, num=6)
-  stats = optax_gqc.statistics(state)
-  assert {'num_steps', 'noise_scale', 'target', 'gsnr_min'} < set(stats)
-  jax.tree.map(np.testing.assert_array_equal, optax_gqc.statistics(_as_dicts(state)), stats)
+@pytest.mark.parametrize(
+    'make',
+    [
+        lambda: optax_gqc.gnts(optax.sgd(0.1), 0.5),
+        lambda: optax_gqc.gnr(optax.sgd(0.1), 1.0),
+        lambda: optax_gqc.sgd_sai(0.1),
+        lambda: optax.MultiSteps(optax.adam(0.1), 2),
+    ],
+    ids=['gnts', 'gnr', 'sgd_sai', 'multisteps'],
+)
+def test_a_state_kept_as_a_mapping_of_its_fields_raises_rather_than_misreads(make):
+  # As nnx.state(optimizer) or a checkpoint restored without a target keep it:
+  # it read as {} (or as its noise-scale part alone, in the wrong units).
+  state = last_state(make(), num=4)
+  assert optax_gqc.statistics(state)
+  with pytest.raises(TypeError, match=r'optimizer.opt_state.*jax.eval_shape\(tx.init'):
+    optax_gqc.statistics(_as_dicts(state))
 
 
 def test_a_count_of_calls_is_not_read_as_steps():
