@@ -7,7 +7,6 @@ that mean. The whole decision is one ``jax.lax.cond`` on device.
 """
 
 import functools
-import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -337,7 +336,9 @@ def accumulate(
     # rejected microbatch.
     gate_step, gate_state = gate.update(stats, state.gate_state, **extra_args)
     _checks.check_gate_output(gate_step, gate_state, state.gate_state)
-    gate_state = optax.tree.cast_like(gate_state, state.gate_state)
+    gate_state = jax.tree.map(  # a Python number too (a gate's constant)
+        lambda new, old: jnp.asarray(new, old.dtype), gate_state, state.gate_state
+    )
     forced = ok & ~gate_step & (stats.num_draws >= jnp.maximum(max_draws, 1))
     step = ok & (gate_step | forced)
     _checks.check_global_decision(grad_sq, step, axis_name)
@@ -465,8 +466,8 @@ def _count(state, stats, ok, stepped, forced, max_draws, noise_decay) -> Accumul
       1.0, stats.sum_sq_norms / n, n, jnp.square(stats.acc_norm)
   )
 
-  def plus(count, flag):  # stops at int32's largest, as optax.safe_increment: no wrap
-    return jnp.where(flag & (count < jnp.iinfo(jnp.int32).max), count + 1, count)
+  def plus(count, flag):  # stops at int32's largest: no wrap
+    return jnp.where(flag, optax.safe_increment(count), count)
 
   zero_f = jnp.zeros([], jnp.float32)
   return state._replace(
@@ -545,23 +546,17 @@ def update_and_apply(
 
 
 def with_extra_args(tx: Any) -> optax.GradientTransformationExtraArgs:
-  """``optax.with_extra_args_support``, but passing them to an update that takes ``**kwargs``.
+  """``optax.with_extra_args_support``, but passing them on to an ``optax.MultiSteps``.
 
   Optax's wrapper drops the extra arguments (``value=loss``) of every object
-  that is not a ``GradientTransformationExtraArgs``, among them
-  ``optax.MultiSteps``, whose update takes and passes them on.
+  that is not a ``GradientTransformationExtraArgs``; ``optax.MultiSteps`` (and
+  its ``gradient_transformation()``) is not one, but its update takes them and
+  passes them to its inner optimizer.
   """
-  if not isinstance(tx, optax.GradientTransformationExtraArgs) and _takes_kwargs(tx.update):
+  owner = getattr(tx.update, '__self__', None)
+  if isinstance(tx, optax.MultiSteps) or isinstance(owner, optax.MultiSteps):
     return optax.GradientTransformationExtraArgs(tx.init, tx.update)
   return optax.with_extra_args_support(tx)
-
-
-def _takes_kwargs(fn: Callable[..., Any]) -> bool:
-  try:
-    parameters = inspect.signature(fn).parameters.values()
-  except (TypeError, ValueError):  # no signature to read: as Optax does
-    return False
-  return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _inner_update(inner, extra_args, updates, inner_state, params):

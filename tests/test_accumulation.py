@@ -478,6 +478,37 @@ def test_the_loss_reaches_an_optax_multisteps_inside_and_through_update_and_appl
     chex.assert_trees_all_close(p, ref_params)
 
 
+def test_a_plain_transformation_that_forwards_extra_args_gets_none():
+  # As Optax does: only a GradientTransformationExtraArgs (or a MultiSteps) gets them.
+  def halved(inner):
+    def update_fn(updates, state, params=None, **extra_args):
+      updates, state = inner.update(updates, state, params, **extra_args)
+      return jax.tree.map(lambda u: 0.5 * u, updates), state
+
+    return optax.GradientTransformation(inner.init, update_fn)
+
+  params = {'w': jnp.ones(3)}
+  out = []
+  for inner in (halved(optax.scale_by_adam()), optax.scale_by_adam()):
+    tx = optax_gqc.mht(inner, 0.9, 0.05, max_draws=2)
+    state = tx.init(params)
+    for i in range(3):
+      updates, state = tx.update({'w': jnp.full(3, 1.0 + i)}, state, params, value=1.0 + i)
+    out.append(updates['w'])
+  np.testing.assert_allclose(out[0], 0.5 * out[1])
+  assert np.all(out[1] != 0)
+
+
+def test_a_gate_may_return_a_python_number_for_an_entry():
+  gate = gates.Gate(
+      lambda: {'threshold': jnp.asarray(0.5, jnp.float32)},
+      lambda stats, state, **_: (stats.acc_norm < 0.5, {'threshold': 0.5}),
+  )
+  tx = optax_gqc.accumulate(optax.sgd(0.1), gate, max_draws=4)
+  _, state = jax.jit(tx.update)({'w': jnp.ones(3)}, tx.init({'w': jnp.ones(3)}), {'w': jnp.ones(3)})
+  assert state.gate_state['threshold'].dtype == jnp.float32
+
+
 def test_counters_stop_at_the_int32_limit_rather_than_wrap():
   # A wrapped num_microbatches would give schedule_by_microbatch a negative count.
   top = jnp.iinfo(jnp.int32).max
