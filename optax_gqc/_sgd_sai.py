@@ -120,9 +120,12 @@ def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientT
 
   def init_fn(params):
     return ScaleByGsnrState(
-        # A leaf of no elements never gets a non-zero gradient: nothing to wait for.
-        computed=jax.tree.map(lambda p: jnp.asarray(p.size == 0), params),
-        gsnr=jax.tree.map(lambda _: jnp.zeros([], jnp.float32), params),
+        # A leaf of no elements never gets a non-zero gradient: nothing to wait
+        # for, and no g-SNR (NaN, which the report leaves out).
+        computed=jax.tree.map(lambda p: jnp.asarray(jnp.size(p) == 0), params),
+        gsnr=jax.tree.map(
+            lambda p: jnp.full([], jnp.nan if jnp.size(p) == 0 else 0.0, jnp.float32), params
+        ),
         normalizer=jnp.asarray(0.0 if normalize else 1.0, jnp.float32),
     )
 
@@ -317,10 +320,11 @@ def gsnr_report(s: ScaleByGsnrState) -> dict[str, jax.Array]:
     return {'gsnr_min': nan, 'gsnr_max': nan, 'num_pending_gsnr': jnp.zeros([], jnp.int32)}
   computed = jnp.stack(computed)
   gsnr = jnp.stack([jnp.asarray(g) for g in jax.tree.leaves(s.gsnr)])
-  some = jnp.any(computed)
+  has = computed & ~jnp.isnan(gsnr)  # a leaf of no elements has none
+  some = jnp.any(has)
   return {
-      'gsnr_min': jnp.where(some, jnp.min(jnp.where(computed, gsnr, jnp.inf)), jnp.nan),
-      'gsnr_max': jnp.where(some, jnp.max(jnp.where(computed, gsnr, -jnp.inf)), jnp.nan),
+      'gsnr_min': jnp.where(some, jnp.min(jnp.where(has, gsnr, jnp.inf)), jnp.nan),
+      'gsnr_max': jnp.where(some, jnp.max(jnp.where(has, gsnr, -jnp.inf)), jnp.nan),
       'num_pending_gsnr': jnp.sum(~computed, dtype=jnp.int32),
   }
 

@@ -340,9 +340,13 @@ def test_a_leaf_of_no_elements_waits_for_nothing():
   state = tx.init(params)
   assert bool(state[0].computed['empty'])
   grads = {'w': jnp.array([1.0, 2.0, 3.0]), 'empty': jnp.zeros((0, 4))}
+  assert np.isnan(float(optax_gqc.statistics(state)['gsnr_min']))  # none measured yet
   updates, state = jax.jit(tx.update)(grads, state, params)
-  assert int(optax_gqc.statistics(state)['num_pending_gsnr']) == 0
+  stats = optax_gqc.statistics(state)
+  assert int(stats['num_pending_gsnr']) == 0
+  assert float(stats['gsnr_min']) == float(stats['gsnr_max']) == float(state[0].gsnr['w']) > 0
   assert np.all(np.isfinite(updates['w'])) and updates['empty'].shape == (0, 4)
+  assert bool(sgd_sai(0.1).init({'w': 1.0, 'empty': jnp.zeros(0)})[0].computed['empty'])
 
 
 # Options.
