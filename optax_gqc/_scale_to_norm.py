@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._numerics import sq_norm
+from optax_gqc._numerics import kept_cond, sq_norm
 
 
 class ScaleToNormState(NamedTuple):
@@ -85,9 +85,11 @@ def _norm(updates: Any) -> jax.Array:
   """The global L2 norm in float32, also where its square leaves float32's range.
 
   The squares of entries below about 1e-19 flush to 0, and those above 1e19
-  overflow: the plain norm would then be 0 or inf for a gradient that has a
-  norm. Such a gradient is divided by its largest modulus first, in a branch
-  that runs only then.
+  overflow: the plain norm would then be 0, short, or inf for a gradient that
+  has a norm. Unless its square is far enough above float32's smallest normal
+  that what flushed cannot move it (every square flushed is below that
+  number), the gradient is divided by its largest modulus first, in a branch
+  that runs only then (``kept_cond``: XLA keeps it a branch).
   """
   sq = sq_norm(updates)
   leaves = jax.tree.leaves(updates)
@@ -100,11 +102,15 @@ def _norm(updates: Any) -> jax.Array:
   def rescaled(leaves):
     top = jnp.max(jnp.stack([jnp.max(jnp.abs(wide(x)), initial=0.0) for x in leaves]))
     ok = (top > 0) & (top < jnp.inf)  # else 0 (a zero gradient), inf or NaN, as it is
-    scale = jnp.where(ok, top, 1.0)
+    # The norm does not depend on the scale: no derivative through it (its
+    # square would underflow there).
+    scale = jax.lax.stop_gradient(jnp.where(ok, top, 1.0))
     norm = scale * jnp.sqrt(sq_norm([wide(x) / scale for x in leaves]))
-    return jnp.where(ok, norm, top)
+    return kept_cond(jnp.where(ok, norm, top))
 
-  in_range = (sq >= jnp.finfo(jnp.float32).tiny) & (sq < jnp.inf)
+  f32 = jnp.finfo(jnp.float32)
+  size = sum(jnp.size(x) for x in leaves)
+  in_range = (sq >= size * float(f32.tiny) / float(f32.eps)) & (sq < jnp.inf)
   return jax.lax.cond(in_range, lambda _: jnp.sqrt(sq), rescaled, leaves)
 
 

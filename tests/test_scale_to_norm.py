@@ -8,6 +8,7 @@ import optax
 import pytest
 
 import optax_gqc
+from tests._helpers import selectable_conds
 
 
 def grads(num, dtype=jnp.float32):
@@ -53,6 +54,27 @@ def test_a_gradient_whose_squared_norm_leaves_float32s_range_still_hits_its_targ
   assert float(state.grad_norm) == pytest.approx(true_norm, rel=1e-6)
   assert float(optax.tree.norm(updates)) == pytest.approx(3.0, rel=1e-6)
   np.testing.assert_allclose(updates['w'], 3.0 / true_norm * magnitude, rtol=1e-6)
+
+
+def test_a_norm_whose_small_squares_flushed_is_not_short():
+  # The sum of squares is above float32's smallest normal while most squares
+  # have flushed to 0: the norm must not be read from it.
+  g = {'w': jnp.full(10_000, 1e-19, jnp.float32).at[0].set(1.2e-19)}
+  tx = optax_gqc.scale_to_norm(1.0)
+  updates, state = jax.jit(tx.update)(g, tx.init(g))
+  assert float(state.grad_norm) == pytest.approx(1e-17, rel=1e-4)
+  assert float(optax.tree.norm(updates)) == pytest.approx(1.0, rel=1e-5)
+
+
+def test_the_rescaled_norm_is_a_branch_xla_keeps_and_has_a_derivative():
+  tx = optax_gqc.scale_to_norm(1.0)
+  g = {'w': jnp.array([1e-25, 2e-25])}
+  assert selectable_conds(lambda g: tx.update(g, tx.init(g))[0], g) == [False]
+
+  def grad_norm(w):
+    return tx.update({'w': w}, tx.init({'w': w}))[1].grad_norm
+
+  np.testing.assert_allclose(jax.grad(grad_norm)(g['w']), [0.4472136, 0.8944272], rtol=1e-6)
 
 
 def test_a_bad_scheduled_target_gives_a_zero_update_and_is_counted():
