@@ -17,7 +17,7 @@ def positive_int(text: str) -> int:
   return value
 
 
-def count(text: str) -> int:
+def non_negative_int(text: str) -> int:
   """An argparse type: an integer >= 0."""
   value = int(text)
   if value < 0:
@@ -30,6 +30,8 @@ def json_path(text: str) -> str:
   folder = os.path.dirname(os.path.abspath(text))
   if not os.path.isdir(folder):
     raise argparse.ArgumentTypeError(f'no folder {folder} to write {text} into')
+  if os.path.isdir(text) or not os.access(folder, os.W_OK):
+    raise argparse.ArgumentTypeError(f'cannot write a file {text}: a folder, or not writable')
   return text
 
 

@@ -40,7 +40,7 @@ import statistics
 import sys
 import time
 
-from _report import count, finish, json_path, positive_int, print_targets
+from _report import finish, json_path, non_negative_int, positive_int, print_targets
 
 TARGET = 0.7  # gnts fused, per microbatch, as a fraction of torch-gqc
 
@@ -72,7 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
       '--every', type=positive_int, default=8, help='microbatches per optimizer step'
   )
   parser.add_argument('--rounds', type=positive_int, default=4)
-  parser.add_argument('--warmup', type=count, default=2, help='microbatches before timing')
+  parser.add_argument(
+      '--warmup', type=non_negative_int, default=2, help='microbatches before timing'
+  )
   parser.add_argument(
       '--cycles', type=positive_int, default=1, help='steps per candidate per round'
   )

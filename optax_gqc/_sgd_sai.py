@@ -299,11 +299,7 @@ def sgd_sai(
   _checks.check_unit_interval('momentum', momentum)
   _checks.check_scalar_or_schedule('weight_decay', weight_decay)
   _checks.check_positive('eps', eps)
-  if isinstance(mu_dtype, jax.Array):  # optax.inject_hyperparams took the dtype for a schedule
-    raise TypeError(
-        'mu_dtype must be a dtype, got an array: '
-        + _checks.INJECTED_FUNCTION.format(name='mu_dtype')
-    )
+  _checks.check_float_dtype('mu_dtype', mu_dtype)
   return optax.chain(
       scale_by_gsnr(eps=eps, normalize=normalize),
       _momentum(momentum, mu_dtype),

@@ -169,6 +169,7 @@ def test_train_step_checks_its_arguments(load):
         ('accumulation', ['--every', 'two']),
         ('compile', ['--leaves', '8', '0']),
         ('compile', ['--json', '/no/such/folder/out.json']),
+        ('accumulation', ['--json', '/']),  # a folder
     ],
 )
 def test_benchmarks_refuse_bad_arguments_before_they_run(load, monkeypatch, capsys, script, argv):

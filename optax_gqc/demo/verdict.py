@@ -129,7 +129,7 @@ def verdict_line(verdicts: Mapping[str, Mapping[str, Any]], label: str = '') -> 
       where = f"on the frontier at {steps}: margin {v['margin']:+.3f}, within {noise}"
     else:
       where = f"{v['position']} the frontier at {steps}: margin {v['margin']:+.3f}"
-    if v['step_ratio'] is not None:
+    if v['step_ratio'] is not None and v['position'] != 'not finite':
       where += (
           f"; {v['step_ratio']:.2f}x the control's steps, {v['vs_control']:+.3f} nats vs the "
           f"control ({'meets' if v['near_control'] else 'misses'} the "

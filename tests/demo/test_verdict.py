@@ -96,7 +96,7 @@ def test_a_diverged_run_gets_no_verdict():
   ):
     assert v['position'] == 'not finite'
     line = verdict.verdict_line({'arm': v})
-    assert 'no verdict' in line and 'on the frontier' not in line
+    assert 'no verdict' in line and 'on the frontier' not in line and 'nan' not in line
 
 
 def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
