@@ -41,17 +41,22 @@ class SgdSaiMomentumState(NamedTuple):
 def _leaf_gsnr(u: jax.Array, eps: Any) -> tuple[jax.Array, jax.Array]:
   """The float32 g-SNR of one leaf, and whether the leaf is non-zero.
 
-  Two passes: the mean, as the first entry plus the mean offset from it, then
-  the spread about it. A constant leaf gets its own value as the mean, hence a
+  Two passes: the mean, as the largest entry plus the mean offset from it
+  (a reduction, where a first entry would slice a sharded leaf), then the
+  spread about it. A constant leaf gets its own value as the mean, hence a
   spread of exactly zero, which marks it degenerate (g-SNR 1). A complex leaf
-  takes the modulus in both, about its complex mean, as ``torch.std`` does.
+  takes the modulus in both, about its complex mean, as ``torch.std`` does
+  (its reference is the largest real part and the largest imaginary part).
   """
   x = u.astype(jnp.complex64 if jnp.iscomplexobj(u) else jnp.float32).ravel()
   norm = jnp.sqrt(jnp.sum(sq_abs(x)))
   nonzero = norm > 0
   if x.size < 2:  # no spread is defined for one element
     return jnp.ones([], jnp.float32), nonzero
-  center = x[0] + jnp.mean(x - x[0])  # exactly x[0] when the entries are equal
+  ref = jnp.max(x.real)
+  if jnp.iscomplexobj(x):
+    ref = jax.lax.complex(ref, jnp.max(x.imag))
+  center = ref + jnp.mean(x - ref)  # exactly the entries' value when they are equal
   std = jnp.sqrt(jnp.sum(sq_abs(x - center)) / (x.size - 1))
   gsnr = jnp.where(std > 0, norm / (std + jnp.asarray(eps, jnp.float32)), 1.0)
   return gsnr.astype(jnp.float32), nonzero

@@ -236,10 +236,11 @@ RESHARD_SCRIPT = textwrap.dedent("""
         abstract_params = jax.tree.map(
             lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(mesh, s)),
             params, specs)
+        replicated = NamedSharding(mesh, P())
         abstract_state = optax.tree_map_params(
-            tx, lambda x, p: x.update(sharding=p.sharding),
+            tx, lambda x, p: x.update(sharding=p.sharding if x.ndim == p.ndim else replicated),
             jax.eval_shape(tx.init, params), abstract_params,
-            transform_non_params=lambda x: x.update(sharding=NamedSharding(mesh, P())))
+            transform_non_params=lambda x: x.update(sharding=replicated))
         with ocp.StandardCheckpointer() as checkpointer:
             restored = checkpointer.restore(
                 path, {'params': abstract_params, 'opt_state': abstract_state})

@@ -196,6 +196,26 @@ def test_jit_fsdp_keeps_the_state_in_the_params_sharding_with_no_all_gather(runs
   assert fsdp['all_gathers'] == 0
 
 
+def test_sgd_sai_on_an_explicit_fsdp_mesh_is_the_one_device_run():
+  # jax.make_mesh gives Explicit axes, where the g-SNR's first entry, x[0],
+  # was a slice of a sharded leaf that JAX refuses.
+  out = processes.run_script(textwrap.dedent("""
+      import json
+      import jax, jax.numpy as jnp, numpy as np, optax_gqc
+      from jax.sharding import NamedSharding, PartitionSpec as P
+      mesh = jax.make_mesh((8,), ('fsdp',))
+      tx = optax_gqc.sgd_sai(1e-2, momentum=0.9)
+      p = {'w': jnp.linspace(-1.0, 1.0, 128).reshape(16, 8)}
+      g = {'w': jnp.cos(jnp.arange(128.0)).reshape(16, 8)}
+      one = jax.jit(tx.update)(g, tx.init(p), p)[0]
+      with jax.set_mesh(mesh):
+        put = lambda t: jax.device_put(t, NamedSharding(mesh, P('fsdp')))
+        sharded = jax.jit(tx.update)(put(g), tx.init(put(p)), put(p))[0]
+      print(json.dumps(np.abs(np.asarray(sharded['w']) - np.asarray(one['w'])).max().tolist()))
+      """))
+  assert out < 1e-7
+
+
 def test_local_norm_under_check_vma_raises_and_names_axis_name():
   # One device is enough: shard_map types the sharded gradient as varying.
   mesh = Mesh(np.array(jax.devices()[:1]), ('fsdp',))
