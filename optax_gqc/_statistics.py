@@ -254,8 +254,8 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   state = jax.tree.map(
       lambda x: x.get_value() if _is_variable(x) else x, state, is_leaf=_is_variable
   )
-  # Stable: in traversal order within a precedence.
   _check_typed(state)
+  # Stable: in traversal order within a precedence.
   found = sorted(_find_states(state), key=lambda found: _precedence(found[0]))
   out = {}
   for s, inner in found:
