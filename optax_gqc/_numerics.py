@@ -7,12 +7,17 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def widened(x: jax.Array) -> jax.Array:
+  """``x`` in float32, or in complex64 where it is complex: what the norms are taken in."""
+  return x.astype(jnp.complex64 if jnp.iscomplexobj(x) else jnp.float32)
+
+
 def sq_abs(x: jax.Array) -> jax.Array:
   """``|x|^2`` in float32 (complex leaves included)."""
+  x = widened(x)
   if jnp.iscomplexobj(x):
-    x = x.astype(jnp.complex64)
     return jnp.square(x.real) + jnp.square(x.imag)
-  return jnp.square(x.astype(jnp.float32))
+  return jnp.square(x)
 
 
 def varying_axes(x: Any) -> frozenset:

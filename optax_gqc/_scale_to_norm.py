@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._numerics import kept_cond, sq_norm
+from optax_gqc._numerics import kept_cond, sq_norm, widened
 
 
 class ScaleToNormState(NamedTuple):
@@ -96,16 +96,13 @@ def _norm(updates: Any) -> jax.Array:
   if not leaves:
     return jnp.sqrt(sq)
 
-  def wide(x):  # float32, or complex64
-    return x.astype(jnp.complex64 if jnp.iscomplexobj(x) else jnp.float32)
-
   def rescaled(leaves):
-    top = jnp.max(jnp.stack([jnp.max(jnp.abs(wide(x)), initial=0.0) for x in leaves]))
+    top = jnp.max(jnp.stack([jnp.max(jnp.abs(widened(x)), initial=0.0) for x in leaves]))
     ok = (top > 0) & (top < jnp.inf)  # else 0 (a zero gradient), inf or NaN, as it is
     # The norm does not depend on the scale: no derivative through it (its
     # square would underflow there).
     scale = jax.lax.stop_gradient(jnp.where(ok, top, 1.0))
-    norm = scale * jnp.sqrt(sq_norm([wide(x) / scale for x in leaves]))
+    norm = scale * jnp.sqrt(sq_norm([widened(x) / scale for x in leaves]))
     return kept_cond(jnp.where(ok, norm, top))
 
   f32 = jnp.finfo(jnp.float32)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._numerics import sq_abs
+from optax_gqc._numerics import sq_abs, widened
 
 
 class ScaleByGsnrState(NamedTuple):
@@ -48,7 +48,7 @@ def _leaf_gsnr(u: jax.Array, eps: Any) -> tuple[jax.Array, jax.Array]:
   takes the modulus in both, about its complex mean, as ``torch.std`` does
   (its reference is the largest real part and the largest imaginary part).
   """
-  x = u.astype(jnp.complex64 if jnp.iscomplexobj(u) else jnp.float32).ravel()
+  x = widened(u).ravel()
   norm = jnp.sqrt(jnp.sum(sq_abs(x)))
   nonzero = norm > 0
   if x.size < 2:  # no spread is defined for one element
