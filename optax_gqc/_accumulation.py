@@ -196,7 +196,8 @@ def accumulate(
     inner: the optimizer that steps on the mean gradient.
     gate: the decision rule, e.g. :func:`optax_gqc.gates.norm_below`.
     max_draws: the most microbatches accumulated before a step is forced;
-      None for no limit. It may be traced, so ``optax.inject_hyperparams`` can
+      None for none below int32's largest count (a step is forced after
+      2**31 - 1 microbatches). It may be traced, so ``optax.inject_hyperparams`` can
       change it mid-run; a traced value below 1 is taken as 1 (a step on every
       microbatch) and counted in ``num_bad_hyperparams``.
     microbatch_size: examples per microbatch; used to report the noise scale
@@ -386,7 +387,7 @@ def _add(accumulator: Any, updates: Any, ok: jax.Array, fresh: jax.Array) -> Any
 
 def _draw_stats(state: AccumulateState, grad_sq: jax.Array, acc_sq: jax.Array) -> DrawStats:
   """What the gate reads: the running scalars with this microbatch counted."""
-  n = state.num_draws + 1
+  n = optax.safe_increment(state.num_draws)  # stops at int32's largest
   grad_norm = jnp.sqrt(grad_sq)
   keep = jnp.where(state.num_draws == 0, 0.0, 1.0)  # the sums restart after a step
   return DrawStats(

@@ -74,9 +74,9 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
     bad = ~(jnp.isfinite(goal) & (goal >= 0))
     scale = jnp.where((norm > 0) & ~bad, goal / jnp.where(norm > 0, norm, 1.0), 0.0)
     updates = jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates)
-    return updates, ScaleToNormState(
-        optax.safe_increment(state.count), goal, norm, state.num_bad_hyperparams + bad
-    )
+    num_bad = state.num_bad_hyperparams
+    num_bad = jnp.where(bad, optax.safe_increment(num_bad), num_bad)  # no wrap
+    return updates, ScaleToNormState(optax.safe_increment(state.count), goal, norm, num_bad)
 
   return optax.GradientTransformation(init_fn, update_fn)
 

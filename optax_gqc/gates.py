@@ -123,7 +123,8 @@ def _outside(value: jax.Array, low: float = 0.0, high: float | None = None, *, s
 
 def _count_bad(gate_state: Any, *bad: jax.Array) -> jax.Array:
   """``num_bad_hyperparams`` plus one if any of ``bad`` holds."""
-  return gate_state['num_bad_hyperparams'] + jnp.any(jnp.stack(bad)).astype(jnp.int32)
+  count = gate_state['num_bad_hyperparams']
+  return jnp.where(jnp.any(jnp.stack(bad)), optax.safe_increment(count), count)
 
 
 def _no_bad() -> jax.Array:

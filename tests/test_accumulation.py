@@ -523,6 +523,28 @@ def test_counters_stop_at_the_int32_limit_rather_than_wrap():
   assert all(int(getattr(state, name)) == top for name in counts)
 
 
+def test_the_draw_count_and_the_bad_hyperparameter_counts_stop_at_the_int32_limit():
+  # A wrapped num_draws would divide the mean by a negative count; at the limit
+  # max_draws=None (int32's largest) forces a step.
+  top = jnp.iinfo(jnp.int32).max
+  gate = gates.norm_below(lambda count: jnp.nan)  # bad at every microbatch: no step
+  tx = optax.chain(
+      optax_gqc.accumulate(optax.sgd(0.1), gate, max_draws=None),
+      optax_gqc.scale_to_norm(lambda count: jnp.nan),
+  )
+  acc, norm = tx.init(PARAMS)
+  acc = acc._replace(
+      num_draws=jnp.asarray(top, jnp.int32),
+      gate_state={**acc.gate_state, 'num_bad_hyperparams': jnp.asarray(top, jnp.int32)},
+  )
+  norm = norm._replace(num_bad_hyperparams=jnp.asarray(top, jnp.int32))
+  _, (acc, norm) = jax.jit(tx.update)(grad_stream(1, seed=1)[0], (acc, norm), PARAMS)
+  assert (int(acc.num_forced), int(acc.num_draws), int(acc.last_num_draws)) == (1, 0, top)
+  assert float(acc.last_grad_norm) > 0
+  assert int(acc.gate_state['num_bad_hyperparams']) == top
+  assert int(norm.num_bad_hyperparams) == top
+
+
 def test_update_and_apply_differentiates_as_the_optax_path():
   """Derivatives through the fused step (a learning rate's, the params') are the Optax path's."""
   grads = grad_stream(6, seed=7)
