@@ -93,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   if args.study:
     plot_study(runs, summaries, out / 'study.png')
     written.append('study.png')
+  else:  # an earlier --study run's figure would read as this run's
+    (out / 'study.png').unlink(missing_ok=True)
   # Since main began: the arms, and the rest (the text, each model's first build, the plots).
   total_s = time.perf_counter() - start
   payload['seconds'] = {'training': train_s, 'compiling': compile_s, 'total': total_s}

@@ -94,7 +94,9 @@ def test_quick_run_verdict_is_the_verdict_of_its_arms(quick):
 
 def test_demo_is_deterministic(quick, tmp_path):
   payload, _, _ = quick
+  (tmp_path / 'study.png').write_bytes(b'an earlier --study run')
   again = demo.main(['--quick', '--no-progress', '--arms', 'critical', '--out', str(tmp_path)])
+  assert not (tmp_path / 'study.png').exists()
   assert again['arms']['critical']['curve'] == payload['arms']['critical']['curve']
   assert (
       again['arms']['critical']['draws_per_step'] == payload['arms']['critical']['draws_per_step']
