@@ -633,7 +633,9 @@ def relative_error_below(eta: optax.ScalarOrSchedule) -> Gate:
 
   i.e. the expected squared error of the mean is at most :math:`\eta^2` times
   its squared norm. From the engine's running scalars: constant memory. It
-  never steps at :math:`n = 1`.
+  never steps at :math:`n = 1`. :math:`V` is a difference of float32 sums, so
+  it resolves about :math:`10^{-7} \sum_i \|g_i\|^2`: an ``eta`` below about
+  ``3e-4`` asks for more than that, and the test then reads rounding.
 
   Args:
     eta: the allowed relative error, constant or a schedule.
