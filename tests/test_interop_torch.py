@@ -136,6 +136,35 @@ def test_grads_to_jax_and_set_grads():
 
 
 @needs_torch
+def test_a_frozen_parameter_keeps_no_grad_through_the_round_trip():
+  # grads_to_jax gives it zeros; written back as a .grad, torch's AdamW would decay it.
+  model = _model(torch.float32)
+  model[0].bias.requires_grad_(False)
+  model(torch.ones(2, 5)).sum().backward()
+  grads = tshim.grads_to_jax(model)
+  assert np.all(np.asarray(grads['0.bias']) == 0)
+  for accumulate in (False, True):
+    tshim.set_grads(model, grads, accumulate=accumulate)
+    assert model[0].bias.grad is None and model[0].weight.grad is not None
+  detached = torch.zeros(2)
+  detached.grad = torch.zeros(2)
+  with pytest.raises(ValueError, match='no tensor requires grad'):
+    tshim.set_grads({'b': detached}, {'b': jnp.ones(2)})
+
+
+@needs_torch
+def test_parameters_without_names_and_sparse_gradients_raise_clearly():
+  model = _model(torch.float32)
+  for fn in (tshim.params_to_jax, tshim.grads_to_jax):
+    with pytest.raises(TypeError, match=r'named_parameters\(\) in place of module.parameters'):
+      fn(model.parameters())  # each item a tensor, not a (name, tensor) pair
+  embedding = torch.nn.Embedding(4, 2, sparse=True)
+  embedding(torch.tensor([1, 2])).sum().backward()
+  with pytest.raises(TypeError, match='to_dense'):
+    tshim.grads_to_jax(embedding)
+
+
+@needs_torch
 def test_grads_of_a_state_dict_raise():
   # Its tensors are detached from the parameters: a .grad read there is none, one
   # written there reaches no parameter.
@@ -161,9 +190,14 @@ def test_64_bit_values_are_kept_or_refused_never_wrapped():
     with pytest.raises(OverflowError, match='jax_enable_x64'):
       tshim.to_jax(big)
   # NumPy's 64-bit arrays reach torch as they are, not through JAX's 32 bits.
-  for a in (np.array([3_000_000_000]), np.array([1 + 1e-12]), np.array([2**40], np.uint64)):
+  for a in (
+      np.array([3_000_000_000]),
+      np.array([1 + 1e-12]),
+      np.array([2**40], np.uint64),
+      np.float64(1 + 1e-12),  # a NumPy scalar, not an array
+  ):
     t = tshim.to_torch(a)
-    assert str(t.dtype) == f'torch.{a.dtype}' and t.tolist() == a.tolist()
+    assert str(t.dtype) == f'torch.{a.dtype}' and t.tolist() == a.tolist() and t.ndim == a.ndim
 
 
 @needs_torch

@@ -39,6 +39,20 @@ def test_replay_agrees_for_the_same_optimizer_and_finds_a_difference():
   assert 'microbatch 1' in str(d)
 
 
+def test_replay_runs_both_sides_in_the_dtype_jax_gives():
+  # NumPy's float64 is float32 to JAX while jax_enable_x64 is off: torch takes the same.
+  params = {'w': np.array([1.0, 1 + 1e-9])}
+  seen = []
+
+  def torch_side(ps):
+    seen.append(ps[0].dtype)
+    return torch.optim.SGD(ps, lr=0.1)
+
+  records = torch_replay.replay(torch_side, optax.sgd(0.1), params, [{'w': np.ones(2)}])
+  assert seen == [torch.float32]
+  assert torch_replay.first_divergence(records) is None
+
+
 @pytest.mark.parametrize(
     'torch_w, optax_w, where',
     [

@@ -81,6 +81,11 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
   """
   if not isinstance(tensor, torch.Tensor):
     raise TypeError(f'to_jax takes a torch.Tensor, got {type(tensor).__name__}')
+  if tensor.layout != torch.strided:
+    raise TypeError(
+        f'to_jax takes a dense tensor, got one of layout {tensor.layout}: call .to_dense() '
+        'first (an nn.Embedding(sparse=True) has sparse gradients)'
+    )
   t = tensor.detach()
   _check_fits_32_bits(t)
   if _JAX_PLATFORM.get(t.device.type) == jax.default_backend():
@@ -149,8 +154,8 @@ def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
 def _copies_to_torch(arrays: list[Any], device: torch.device | str | None) -> list[torch.Tensor]:
   """Torch's copies of ``arrays``, read through views (DLPack's, or NumPy's); done on return."""
   views = [
-      torch.from_numpy(np.ascontiguousarray(a))
-      if isinstance(a, np.ndarray) and a.dtype in _WIDE_NUMPY
+      torch.from_numpy(np.asarray(a, order='C'))  # a 0-d one stays 0-d
+      if isinstance(a, np.ndarray | np.generic) and a.dtype in _WIDE_NUMPY
       else torch.from_dlpack(jnp.asarray(a))
       for a in arrays
   ]
@@ -167,8 +172,18 @@ def _named_tensors(source: _TensorSource) -> dict[str, torch.Tensor]:
   """``{name: tensor}`` of a module's parameters, a mapping, or (name, tensor) pairs."""
   if isinstance(source, torch.nn.Module):
     named = dict(source.named_parameters())
-  else:  # a mapping, or (name, tensor) pairs
+  elif isinstance(source, Mapping):
     named = dict(source)
+  else:  # (name, tensor) pairs; module.parameters() would give tensors alone
+    pairs = list(source)
+    for item in pairs:
+      if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+        raise TypeError(
+            f'expected a module, a mapping or (name, tensor) pairs, but an item is a '
+            f'{type(item).__name__}: pass the module, or module.named_parameters() in place '
+            'of module.parameters()'
+        )
+    named = dict(pairs)
   for name, value in named.items():
     if not isinstance(value, torch.Tensor):
       raise TypeError(f'{name!r} is a {type(value).__name__}, not a torch.Tensor')
@@ -228,7 +243,10 @@ def grads_to_jax(source: _TensorSource) -> dict[str, jax.Array]:
   """The ``.grad`` of every parameter as a JAX pytree shaped like the params.
 
   A parameter without a gradient (``.grad is None``) gets zeros, so the tree
-  always matches :func:`params_to_jax` of the same source.
+  always matches :func:`params_to_jax` of the same source. An Optax optimizer
+  given those zeros still moves a frozen parameter (AdamW's weight decay
+  does): freeze it in the Optax chain too, with ``optax.partition`` (see
+  docs/optax.md). :func:`set_grads` leaves it as it is.
 
   Args:
     source: as in :func:`params_to_jax`, except a ``state_dict()``, whose
@@ -302,8 +320,10 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
   gradient. With ``accumulate=True`` the gradients go through autograd, as if
   ``loss.backward()`` had produced them: they are added to ``.grad``, and the
   tensor hooks registered on the parameters run (torch-gqc's GNS wrapper
-  reads per-microbatch norms from such a hook). The parameters must then
-  require grad.
+  reads per-microbatch norms from such a hook). A parameter that does not
+  require grad (a frozen one) is left as it is, its ``.grad`` unchanged, as
+  ``loss.backward()`` leaves it: a zero from :func:`grads_to_jax` does not
+  become a ``.grad`` that a torch optimizer would decay.
 
   Args:
     module: as in :func:`params_to_jax`, except a ``state_dict()``, whose
@@ -314,8 +334,8 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
 
   Raises:
     KeyError: if the names differ from the module's.
-    ValueError: if a shape differs, or if no tensor of a mapping or pairs
-      requires grad or has a ``.grad`` (a ``state_dict()``'s).
+    ValueError: if a shape differs, or if no tensor requires grad (a
+      ``state_dict()``'s, say).
 
   Example:
     >>> import jax.numpy as jnp, torch
@@ -329,6 +349,8 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
   params = _named_tensors(module)
   _check_same_names('set_grads', params, grads)
   _check_not_detached('set_grads', module, params)
+  if params and not any(t.requires_grad for t in params.values()):
+    raise ValueError('set_grads: no tensor requires grad, so none takes a gradient')
   tensors, values = [], []
   # One wait on a GPU for all the copies, not one a leaf.
   for name, g in zip(grads, _copies_to_torch(list(grads.values()), None), strict=True):
@@ -338,8 +360,9 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
       raise ValueError(
           f'set_grads: {name!r} has shape {tuple(g.shape)}, the parameter {tuple(target.shape)}'
       )
-    tensors.append(target)
-    values.append(g)
+    if target.requires_grad:
+      tensors.append(target)
+      values.append(g)
   if accumulate:
     torch.autograd.backward(tensors, grad_tensors=values)
   else:

@@ -204,11 +204,13 @@ def replay(
   step_fn = _optax_step if jit else _optax_step_eager
   names = list(params)
 
-  torch_params = [torch.nn.Parameter(to_torch(params[k])) for k in names]
+  # Both sides start from JAX's arrays: the dtypes JAX gives (float32 for a
+  # NumPy float64 while jax_enable_x64 is off), not two precisions.
+  jax_params = {k: jnp.array(params[k]) for k in names}
+  torch_params = [torch.nn.Parameter(to_torch(jax_params[k])) for k in names]
   built = torch_side(torch_params)
   optimizer, schedule = built if isinstance(built, tuple) else (built, None)
 
-  jax_params = {k: jnp.array(params[k]) for k in names}
   state = optax_side.init(jax_params)
   steps_before = optax_stats(state).get('num_steps', 0)
   loss_iter = iter(losses) if losses is not None else None
