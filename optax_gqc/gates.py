@@ -324,9 +324,12 @@ def critical_batch(
     microbatch_size: examples per microbatch.
     min_batch_size: the smallest logical batch, in examples; defaults to one
       microbatch.
-    max_batch_size: the largest logical batch, in examples; defaults to no
-      limit (the engine's ``max_draws`` still applies).
-    bootstrap_draws: microbatches per step during the bootstrap, >= 2.
+    max_batch_size: the largest logical batch, in examples, at least two
+      microbatches; defaults to no limit (the engine's ``max_draws`` still
+      applies). Every step, the bootstrap's and the probes' included, stays
+      within ``[min_batch_size, max_batch_size]``.
+    bootstrap_draws: microbatches per step during the bootstrap, >= 2 (its
+      batch taken into the bounds).
     bootstrap_steps: steps of two or more microbatches, each an estimate,
       before the estimate is used, >= 1.
     probe_every: while the target is under two microbatches, one step in
@@ -362,6 +365,11 @@ def critical_batch(
     _checks.check_positive_int('max_batch_size', max_batch_size)
     if max_batch_size < lower:
       raise ValueError(f'max_batch_size ({max_batch_size}) must be >= min_batch_size ({lower})')
+    if max_batch_size < 2 * microbatch_size:
+      raise ValueError(
+          f'max_batch_size ({max_batch_size}) must be at least two microbatches '
+          f'({2 * microbatch_size}): a step of one microbatch gives no noise estimate'
+      )
   _checks.check_positive_int('bootstrap_draws', bootstrap_draws)
   if bootstrap_draws < 2:
     raise ValueError(
@@ -372,10 +380,14 @@ def critical_batch(
   if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 0:
     raise ValueError(f'probe_every must be an int >= 0, got {probe_every!r}')
 
+  # The bootstrap's batch, within the bounds (at least two microbatches, as
+  # the upper bound is).
+  bootstrap = min(max(bootstrap_draws * microbatch_size, lower), upper)
+
   def init():
     return {
         'fraction': _value_at('fraction', fraction, jnp.zeros([], jnp.int32)),
-        'target_batch_size': jnp.array(bootstrap_draws * microbatch_size, jnp.float32),
+        'target_batch_size': jnp.array(bootstrap, jnp.float32),
         'num_bad_hyperparams': _no_bad(),
         '_steps_since_probe': jnp.zeros([], jnp.int32),
         '_estimates': jnp.zeros([], jnp.int32),
@@ -394,7 +406,7 @@ def critical_batch(
     ).astype(jnp.int32)
     ready = (estimates >= bootstrap_steps) & ~jnp.isnan(stats.noise_scale)
     target = jnp.clip(f * stats.noise_scale * microbatch_size, lower, upper)
-    target = jnp.where(ready, target, bootstrap_draws * microbatch_size)
+    target = jnp.where(ready, target, bootstrap)
     since = gate_state['_steps_since_probe']
     goal = target
     if probe_every:

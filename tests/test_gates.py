@@ -318,6 +318,25 @@ def test_critical_batch_reports_its_target_not_its_probes():
   assert max(targets) < 16
 
 
+def test_critical_batch_keeps_its_bootstrap_within_min_batch_size():
+  # The bootstrap's two microbatches (16 examples) are below the smallest batch.
+  tx = optax_gqc.accumulate(
+      optax.sgd(1.0), gates.critical_batch(0.5, 8, min_batch_size=48), max_draws=64
+  )
+  params = {'w': jnp.zeros(5)}
+  state = tx.init(params)
+  assert float(state.gate_state['target_batch_size']) == 48
+
+  def body(state, g):
+    _, state = tx.update(g, state, params)
+    return state, (state.num_draws, state.last_num_draws)
+
+  grads = jax.random.normal(jax.random.key(0), (40, 5)) + 1.0
+  _, (draws, last) = jax.jit(lambda s, g: jax.lax.scan(body, s, g))(state, {'w': grads})
+  sizes = 8 * np.asarray(last)[np.asarray(draws) == 0]  # each step's logical batch
+  assert len(sizes) >= 5 and min(sizes) >= 48
+
+
 def test_a_gate_that_counts_examples_carries_its_microbatch_size():
   assert gates.batch_size_at_least(64, 8).microbatch_size == 8
   assert gates.critical_batch(0.5, 8).microbatch_size == 8

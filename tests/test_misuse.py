@@ -351,6 +351,12 @@ AT_CONSTRUCTION = {
         'max_batch_size',
         r'>= min_batch_size',
     ),
+    'critical max below two microbatches': (
+        lambda: gates.critical_batch(0.5, 4, max_batch_size=6),
+        ValueError,
+        'max_batch_size',
+        r'at least two microbatches \(8\)',
+    ),
     'critical bootstrap 1': (
         lambda: gates.critical_batch(0.5, 4, bootstrap_draws=1),
         ValueError,
