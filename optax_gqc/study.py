@@ -226,7 +226,7 @@ def _per_seed(value: Any, seed: int) -> Any:
   return value(seed) if callable(value) else value
 
 
-def _check_args(learning_rates, ks, seeds, evals, count):
+def _check_args(learning_rates, ks, seeds, evals, count, seeded):
   if not learning_rates or any(not (lr > 0) for lr in learning_rates):
     raise ValueError(f'learning_rates must be positive numbers, got {learning_rates!r}')
   if 1 not in ks or len(set(ks)) < 2:
@@ -242,6 +242,11 @@ def _check_args(learning_rates, ks, seeds, evals, count):
     raise ValueError(
         f'seeds must differ, got {seeds!r}: a seed run twice gives the same runs, which the '
         'intervals would count as independent'
+    )
+  if len(seeds) > 1 and not seeded:
+    raise ValueError(
+        f'seeds {seeds!r} would all run the same: params and microbatches are the same arrays '
+        'for every seed. Pass a function of the seed for either (or both), or one seed'
     )
   _checks.check_positive_int('evals', evals)
   if count < evals * max(ks):
@@ -287,7 +292,9 @@ def frontier_study(
       microbatches (:func:`optax_gqc.schedule_by_microbatch`).
     learning_rates: the grid of peak learning rates; every arm runs at each.
     ks: the frontier's microbatches per step; must include 1, the control.
-    seeds: the seeds; each has its own frontier.
+    seeds: the seeds; each has its own frontier. Several need ``params`` or
+      ``microbatches`` to be a function of the seed: otherwise every seed
+      would run the same, and the intervals would read copies as independent.
     optimizer: the optimizer factory, taking ``learning_rate``; built with
       ``optax.inject_hyperparams``.
     optimizer_kwargs: its other arguments (e.g. ``weight_decay``).
@@ -310,7 +317,8 @@ def frontier_study(
   lrs = np.asarray(learning_rates, np.float32)
   first = _per_seed(microbatches, seeds[0] if seeds else 0)
   count = jax.tree.leaves(first)[0].shape[0]
-  _check_args(tuple(learning_rates), ks, tuple(seeds), evals, count)
+  seeded = callable(params) or callable(microbatches)
+  _check_args(tuple(learning_rates), ks, tuple(seeds), evals, count, seeded)
   count -= count % evals  # evaluations evenly spaced: the rest is left out
 
   def program(arm):
@@ -446,17 +454,31 @@ def table(result: Mapping[str, Any], title: str = '') -> list[str]:
   loss at the arm's step count minus the arm's, so positive is better than a
   fixed batch with as many steps; ``[low, high]`` is the paired 95% interval
   over seeds; ``steps`` is the arm's optimizer steps over the control's. A
+  frontier rate marked ``^`` (``v``) is the grid's largest (smallest): the
+  frontier may be under-tuned there, and a wider grid would say. A
   seed where the arm has no margin (a loss that is not finite, or a step
   count outside the frontier's) is left out of the mean and the interval,
   and the line ends with how many seeds have one, e.g. ``(2 of 3 seeds)``.
   """
   lines = [title] if title else []
   ks = result['ks']
+  lrs = result.get('learning_rates') or []
+  edges = {max(lrs): '^', min(lrs): 'v'} if len(set(lrs)) > 1 else {}
   lines.append('frontier (val loss at best lr / lr):  ' + '  '.join(f'k={k}' for k in ks))
+  marked = False
   for seed, f in result['frontier'].items():
     f = {int(k): v for k, v in f.items()}  # JSON keys are strings
-    cells = [f"{f[k]['val_loss']:.4f}/{f[k]['lr']:.2g}" if k in f else '-' for k in ks]
+    cells = [
+        f"{f[k]['val_loss']:.4f}/{f[k]['lr']:.2g}{edges.get(f[k]['lr'], '')}" if k in f else '-'
+        for k in ks
+    ]
+    marked |= any(c[-1] in '^v' for c in cells)
     lines.append(f'  seed {seed}: ' + '  '.join(cells))
+  if marked:
+    lines.append(
+        "  ^ / v: the best rate is the grid's largest / smallest; one outside the grid may do "
+        'better, so widen learning_rates there'
+    )
   lines.append(
       f"{'arm':16s} {'margin':>7s} {'95% interval':>17s} {'min seed':>8s} "
       f"{'own-best lr margin':>18s} {'steps':>6s}"

@@ -116,6 +116,31 @@ def test_table_says_how_many_seeds_have_a_margin():
   assert '+0.150' in line and line.endswith('(2 of 3 seeds)')
 
 
+def test_table_marks_a_best_rate_at_the_edge_of_the_grid():
+  def point(lr):
+    return {'lr': lr, 'steps': 8, 'val_loss': 1.0}
+
+  result = {
+      'ks': [1, 2],
+      'learning_rates': [0.01, 0.1, 1.0],
+      'frontier': {0: {1: point(0.1), 2: point(0.1)}, 1: {1: point(1.0), 2: point(0.01)}},
+      'arms': {},
+  }
+  lines = study.table(result)
+  assert lines[1] == '  seed 0: 1.0000/0.1  1.0000/0.1'
+  assert lines[2] == '  seed 1: 1.0000/1^  1.0000/0.01v'
+  assert "the grid's largest / smallest" in lines[3]
+  result['frontier'] = {0: {1: point(0.1), 2: point(0.1)}}
+  assert not any('largest' in line for line in study.table(result))
+
+
+def test_several_seeds_of_the_same_data_and_params_raise():
+  batches = (np.zeros((96, 2, 4), np.float32), np.zeros((96, 2), np.float32))
+  args = {'arms': {}, 'learning_rates': (0.1,), 'ks': (1, 2), 'evals': 2}
+  with pytest.raises(ValueError, match='would all run the same'):
+    study.frontier_study(loss_fn, np.zeros(4), batches, eval_batches=batches, seeds=(0, 1), **args)
+
+
 def test_frontier_loss_at_is_linear_in_log_steps():
   frontier = [(100, 2.0), (25, 3.0), (50, 2.5)]
   assert study.frontier_loss_at(frontier, 50) == 2.5
