@@ -251,6 +251,11 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   Returns:
     A dict of 0-d arrays; empty if ``state`` holds nothing to report.
   """
+  if isinstance(state, optax.GradientTransformation):
+    raise TypeError(
+        'statistics takes an optimizer state (what init and update return), not the '
+        'transformation: statistics(state)'
+    )
   state = jax.tree.map(
       lambda x: x.get_value() if _is_variable(x) else x, state, is_leaf=_is_variable
   )

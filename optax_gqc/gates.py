@@ -573,7 +573,9 @@ def loss_interval(
     del extra_args
     if value is None:
       raise ValueError(
-          'loss_interval needs the loss: call update(grads, state, params, value=loss)'
+          'loss_interval needs the loss: call update(grads, state, params, value=loss) '
+          '(with Flax NNX, optimizer.update(model, grads, value=loss), or '
+          'optax_gqc.interop.nnx.update(optimizer, model, grads, value=loss))'
       )
     if isinstance(value, bool) or not (
         isinstance(value, int | float | jax.Array | np.ndarray | np.generic)

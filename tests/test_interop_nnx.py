@@ -99,3 +99,11 @@ def test_gradients_unlike_the_optimizer_params_raise():
   grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones((1, 6)))))(other)
   with pytest.raises(ValueError, match='does not match the params'):
     gqc_nnx.update(optimizer, model, grads)
+
+
+def test_the_model_and_the_optimizer_swapped_raise():
+  model = mlp()
+  optimizer = nnx.Optimizer(model, optax_gqc.gnts(optax.sgd(0.1)), wrt=nnx.Param)
+  grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones((1, 6)))))(model)
+  with pytest.raises(TypeError, match=r'\(optimizer, model, grads\).*Sequential'):
+    gqc_nnx.update(model, optimizer, grads)

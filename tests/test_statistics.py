@@ -304,6 +304,12 @@ def test_a_state_kept_as_a_mapping_of_its_fields_raises_rather_than_misreads(mak
     optax_gqc.statistics(_as_dicts(state))
 
 
+def test_the_transformation_in_place_of_its_state_raises():
+  for tx in (optax_gqc.gnts(optax.sgd(0.1)), optax.adam(0.1)):
+    with pytest.raises(TypeError, match=r'an optimizer state .* not the transformation'):
+      optax_gqc.statistics(tx)
+
+
 def test_a_count_of_calls_is_not_read_as_steps():
   # reduce_on_plateau's count runs over its accumulation of losses.
   tx = optax.chain(optax.sgd(0.1), optax.contrib.reduce_on_plateau(accumulation_size=3))

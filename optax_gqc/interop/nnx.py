@@ -67,6 +67,11 @@ def update(optimizer: nnx.Optimizer, model: nnx.Module, grads: Any, /, **extra_a
     >>> int(optimizer.step[...]), int(optax_gqc.statistics(optimizer.opt_state)['num_steps'])
     (4, 2)
   """
+  if not isinstance(optimizer, nnx.Optimizer):
+    raise TypeError(
+        f'update takes (optimizer, model, grads), as optimizer.update(model, grads) reads; '
+        f'its first argument is a {type(optimizer).__name__}, not an nnx.Optimizer'
+    )
   # As nnx.Optimizer.update reads and writes them (Flax 0.12); `graph` is
   # passed on only where the optimizer has one, as older Flax has none.
   graph = getattr(optimizer, 'graph', None)
