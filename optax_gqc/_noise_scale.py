@@ -130,7 +130,12 @@ def init_noise_scale() -> NoiseScaleState:
 def fold(
     state: NoiseScaleState, grad_sq_norm: Any, trace_cov: Any, decay: Any, where: Any = True
 ) -> NoiseScaleState:
-  """Folds one pair of estimates into the EMAs, where ``where``; keeps them elsewhere."""
+  """Folds one pair of estimates into the EMAs, where ``where``; keeps them elsewhere.
+
+  A pair that is not finite (from a gradient that is not) is not folded: one
+  would hold the EMAs at NaN for good.
+  """
+  where = where & jnp.isfinite(grad_sq_norm) & jnp.isfinite(trace_cov)
 
   def ema(old, new):  # in the state's dtype, whatever the decay's (a float64 one under x64)
     return jnp.where(where, decay * old + (1.0 - decay) * new, old).astype(old.dtype)
@@ -185,7 +190,8 @@ def noise_scale(
   device's batch) is given, in device batches otherwise.
 
   Place it on the local gradients, before they are averaged. It costs one
-  ``pmean`` of the gradient, and scalar work. Over an axis of one device
+  ``pmean`` of the gradient, and scalar work. A step whose gradients are not
+  finite (on any device) leaves the estimates as they were. Over an axis of one device
   there is no second batch: the state stays as ``init`` made it, with a NaN
   noise scale (no estimate). On one device, :func:`optax_gqc.accumulate`
   estimates the same quantity from its microbatches.

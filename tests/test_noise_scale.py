@@ -143,6 +143,26 @@ def test_standalone_noise_scale_under_named_vmap():
   assert float(state.weight) == 0.5
 
 
+def test_a_gradient_that_is_not_finite_leaves_the_estimates_as_they_were():
+  # One NaN held the EMAs at NaN for good, and the noise scale read +inf.
+  tx = optax_gqc.noise_scale(decay=0.9, axis_name='d')
+  update = jax.jit(jax.vmap(tx.update, axis_name='d', in_axes=(0, None), out_axes=(0, None)))
+  clean = {'w': jnp.array([[1.0, 2.0], [3.0, 0.0]])}
+  state = tx.init({'w': jnp.zeros(2)})
+  _, state = update({'w': jnp.array([[1.0, 2.0], [jnp.nan, 0.0]])}, state)
+  assert float(state.weight) == 0.0
+  _, state = update(clean, state)
+  _, expected = update(clean, tx.init({'w': jnp.zeros(2)}))
+  assert float(state.noise_scale) == float(expected.noise_scale) == pytest.approx(4 / 3)
+  # The engine, which lets an Inf microbatch through with skip_nonfinite=False.
+  acc = optax_gqc.sbc(optax.sgd(0.1), 2, 1, skip_nonfinite=False)
+  params = {'w': jnp.zeros(2)}
+  acc_state = acc.init(params)
+  for g in ([1.0, jnp.inf], [1.0, 2.0], [1.0, 2.0], [3.0, 0.0]):
+    _, acc_state = jax.jit(acc.update)({'w': jnp.array(g)}, acc_state, params)
+  assert float(acc_state.noise.weight) > 0 and np.isfinite(float(acc_state.noise.noise_scale))
+
+
 def test_standalone_noise_scale_takes_a_list_of_axes_as_a_tuple():
   grads = {'w': jnp.array([[1.0, 2.0], [0.0, 1.0]])}
   scales = []
