@@ -39,27 +39,38 @@ class SgdSaiMomentumState(NamedTuple):
 
 
 def _leaf_gsnr(u: jax.Array, eps: Any) -> tuple[jax.Array, jax.Array]:
-  """The float32 g-SNR of one leaf, and whether the leaf is non-zero.
+  """The float32 g-SNR of one leaf, and whether the leaf can give one (finite, non-zero).
 
-  Two passes: the mean, as the largest entry plus the mean offset from it
-  (a reduction, where a first entry would slice a sharded leaf), then the
-  spread about it. A constant leaf gets its own value as the mean, hence a
-  spread of exactly zero, which marks it degenerate (g-SNR 1). A complex leaf
-  takes the modulus in both, about its complex mean, as ``torch.std`` does
-  (its reference is the largest real part and the largest imaginary part).
+  Taken on the leaf divided by a power of two near its largest modulus: the
+  same bits as on the leaf itself wherever those squares are in float32's
+  range, and no square overflows or flushes to zero where they are not (a
+  first gradient of 1e20, or of 1e-25). A leaf that is not finite waits, as
+  a zero one does. Two passes: the mean, as the largest entry plus the mean
+  offset from it (a reduction, where a first entry would slice a sharded
+  leaf), then the spread about it. A constant leaf gets its own value as the
+  mean, hence a spread of exactly zero, which marks it degenerate (g-SNR 1).
+  A complex leaf takes the modulus in both, about its complex mean, as
+  ``torch.std`` does (its reference is the largest real part and the largest
+  imaginary part).
   """
   x = widened(u).ravel()
-  norm = jnp.sqrt(jnp.sum(sq_abs(x)))
-  nonzero = norm > 0
+  if x.size == 0:
+    return jnp.ones([], jnp.float32), jnp.zeros([], bool)
+  top = jnp.max(jnp.abs(x))
+  usable = jnp.isfinite(top) & (top > 0)
+  _, exponent = jnp.frexp(jnp.where(usable, top, 1.0))
+  scale = jnp.ldexp(jnp.ones([], jnp.float32), exponent - 1)  # top / scale in [1, 2)
+  x = x / scale  # exact: a power of two
   if x.size < 2:  # no spread is defined for one element
-    return jnp.ones([], jnp.float32), nonzero
+    return jnp.ones([], jnp.float32), usable
+  norm = jnp.sqrt(jnp.sum(sq_abs(x)))
   ref = jnp.max(x.real)
   if jnp.iscomplexobj(x):
     ref = jax.lax.complex(ref, jnp.max(x.imag))
   center = ref + jnp.mean(x - ref)  # exactly the entries' value when they are equal
   std = jnp.sqrt(jnp.sum(sq_abs(x - center)) / (x.size - 1))
-  gsnr = jnp.where(std > 0, norm / (std + jnp.asarray(eps, jnp.float32)), 1.0)
-  return gsnr.astype(jnp.float32), nonzero
+  gsnr = jnp.where(std > 0, norm / (std + jnp.asarray(eps, jnp.float32) / scale), 1.0)
+  return gsnr.astype(jnp.float32), usable
 
 
 def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientTransformation:
@@ -90,8 +101,10 @@ def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientT
   :math:`\|u\|^2 = (n - 1)\sigma^2 + n \bar u^2` gives
   :math:`\|u\| / \sigma \ge \sqrt{n - 1} \ge 1`: a degenerate leaf never
   steps faster than a measured one (up to ``eps``). Constancy is tested
-  exactly: the spread is taken about the leaf's first entry, so equal entries
-  give :math:`\sigma = 0` exactly, not the rounding noise of a float32 mean.
+  exactly: the spread is taken about a mean that is exactly the entries'
+  value when they are equal, so equal entries give :math:`\sigma = 0`
+  exactly, not the rounding noise of a float32 mean. Updates that are not
+  finite are not taken: the leaf waits for finite ones, as for non-zero ones.
 
   With ``normalize``, every g-SNR is divided by the largest one taken by the
   first update that takes any (the paper's pseudocode), so the largest factor

@@ -332,6 +332,22 @@ def test_zero_first_gradient_takes_gsnr_from_first_nonzero():
   np.testing.assert_allclose(ours[-1]['v'], want['v'], rtol=1e-6)  # the other leaf agrees
 
 
+def test_gsnr_of_a_gradient_out_of_float32_squares_range_or_not_finite():
+  # 1e20 (whose float32 squares overflow) and 1e-25 (whose squares flush to 0)
+  # give the formula's g-SNR (at 1e-25, eps dominates the spread). A first
+  # gradient that is not finite waits, as a zero one does.
+  base = np.array([0.5, 1.0, 2.0, -1.5], np.float32)
+  tx = optax_gqc.scale_by_gsnr()
+  update = jax.jit(tx.update)
+  for first in (base * 1e20, base * 1e-25, base * np.inf):
+    _, state = update({'w': jnp.asarray(first)}, tx.init({'w': jnp.zeros(4)}))
+    assert bool(state.computed['w']) == bool(np.all(np.isfinite(first)))
+    if np.all(np.isfinite(first)):
+      assert float(state.gsnr['w']) == pytest.approx(np_gsnr(first), rel=1e-6)
+  _, state = update({'w': jnp.asarray(base)}, state)  # after the Inf
+  assert float(state.gsnr['w']) == pytest.approx(np_gsnr(base), rel=1e-6)
+
+
 def test_a_leaf_of_no_elements_waits_for_nothing():
   # It never gets a non-zero gradient: pending for good would keep the
   # per-leaf reductions running on every update.
