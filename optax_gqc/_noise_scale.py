@@ -61,9 +61,10 @@ def noise_scale_estimates(
       for b in (small_batch, big_batch)
   ]
   if None not in known and not (min(known) > 0 and known[0] != known[1]):
+    why = 'equal sizes give 0 / 0' if known[0] == known[1] else 'a size is not positive'
     raise ValueError(
         f'noise_scale_estimates: the batch sizes must be positive and differ, got '
-        f'small_batch={known[0]:g} and big_batch={known[1]:g}: equal sizes give 0 / 0'
+        f'small_batch={known[0]:g} and big_batch={known[1]:g}: {why}'
     )
   return estimates(small_batch, small_sq_norm, big_batch, big_sq_norm)
 

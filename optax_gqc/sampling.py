@@ -174,7 +174,7 @@ def propose_batch_size(
     eta: the norm test's parameter, or None for the augmented rule.
     theta: the inner-product test's parameter (augmented rule).
     nu: the orthogonality test's parameter (augmented rule).
-    max_batch_size: the cap, or None.
+    max_batch_size: the cap, at least ``b``, or None.
 
   Returns:
     An int32 scalar.
@@ -193,6 +193,13 @@ def propose_batch_size(
     if value is not None:
       _checks.check_positive(name, value)
   g, b, mean, mean_sq = _parts(grads)
+  if max_batch_size is not None:
+    _checks.check_positive_int('max_batch_size', max_batch_size)
+    if max_batch_size < b:
+      raise ValueError(
+          f'max_batch_size ({max_batch_size}) is below the batch of these gradients ({b}): '
+          'the proposal is never smaller than the batch'
+      )
   if eta is not None:
     wanted = _trace_var(g, mean, b) / (eta**2 * mean_sq)
   else:

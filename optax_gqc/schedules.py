@@ -36,12 +36,11 @@ __all__ = [
 
 
 def _check_steps(warmup_steps: int, total_steps: int | None = None) -> None:
-  if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-    raise ValueError(f'warmup_steps must be an int >= 0, got {warmup_steps!r}')
-  if total_steps is not None and (
-      isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0
-  ):
-    raise ValueError(f'total_steps must be an int >= 0, got {total_steps!r}')
+  for name, value in (('warmup_steps', warmup_steps), ('total_steps', total_steps)):
+    if name == 'total_steps' and value is None:
+      continue
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+      raise ValueError(f'{name} must be an int >= 0, got {value!r}')
 
 
 def _check_power(power: float) -> None:
@@ -95,6 +94,11 @@ def _warm(peak_value: float):
 
 def _inverse_warm(peak_value: float, warmup_multiplier: float):
   r = warmup_multiplier
+  if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 <= r < float('inf'):
+    raise ValueError(
+        f'warmup_multiplier must be a finite number >= 0, got {r!r}: the warmup starts at '
+        'warmup_multiplier times the peak'
+    )
   return lambda t, length: peak_value * (r - _divide((r - 1.0) * t, length))
 
 

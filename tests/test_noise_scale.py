@@ -20,9 +20,11 @@ def test_golden_two_batch_estimates():
   np.testing.assert_allclose([grad_sq, trace], [1.0, 50.0], rtol=division_rtol(), atol=0)
 
 
-@pytest.mark.parametrize('small, big', [(8, 8), (0, 8), (-8, 64)])
-def test_two_batch_estimates_need_two_positive_sizes(small, big):
-  with pytest.raises(ValueError, match='positive and differ'):
+@pytest.mark.parametrize(
+    'small, big, why', [(8, 8, 'equal sizes'), (0, 8, 'not positive'), (-8, 64, 'not positive')]
+)
+def test_two_batch_estimates_need_two_positive_sizes(small, big, why):
+  with pytest.raises(ValueError, match=f'positive and differ.*{why}'):
     optax_gqc.noise_scale_estimates(small, 7.25, big, 1.78125)
   # Traced sizes pass unchecked (under jit they cannot be read): the formula as it is.
   out = jax.jit(optax_gqc.noise_scale_estimates)(small, 7.25, big, 1.78125)

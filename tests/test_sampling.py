@@ -93,6 +93,8 @@ def test_per_example_gradients_from_vmap_grad():
         ({'eta': float('nan')}, 'eta must be > 0'),
         ({'theta': 0.0, 'nu': 0.5}, 'theta must be > 0'),
         ({'theta': 0.5, 'nu': -1.0}, 'nu must be > 0'),
+        ({'eta': 0.5, 'max_batch_size': 0}, 'max_batch_size'),
+        ({'eta': 0.5, 'max_batch_size': 6}, r'max_batch_size \(6\) is below the batch .* \(12\)'),
     ],
 )
 def test_bad_proposal_arguments(grads, kwargs, match):

@@ -76,10 +76,24 @@ def test_zero_warmup_and_total_not_after_warmup():
   assert float(g(0)) == 1.0 and float(g(100)) == 0.0 and float(g(10**6)) == 0.0
 
 
-@pytest.mark.parametrize('bad', [-1, 2.5, True])
+@pytest.mark.parametrize('bad', [-1, 2.5, True, np.int64(-1)])
 def test_bad_step_counts_raise(bad):
   with pytest.raises(ValueError, match='warmup_steps'):
     schedules.cosine_with_warmup(1.0, 0.0, bad, 10)
+  with pytest.raises(ValueError, match='total_steps'):
+    schedules.cosine_with_warmup(1.0, 0.0, 2, bad)
+
+
+def test_numpy_step_counts_are_counts():
+  ours = schedules.cosine_with_warmup(1.0, 0.0, np.int64(5), np.int32(20))
+  same = schedules.cosine_with_warmup(1.0, 0.0, 5, 20)
+  assert [float(ours(t)) for t in range(22)] == [float(same(t)) for t in range(22)]
+
+
+@pytest.mark.parametrize('bad', [-1.0, float('nan'), float('inf'), True])
+def test_a_warmup_multiplier_out_of_its_domain_raises(bad):
+  with pytest.raises(ValueError, match='warmup_multiplier must be a finite number >= 0'):
+    schedules.constant_with_inverse_warmup(1.0, 5, warmup_multiplier=bad)
 
 
 @pytest.mark.parametrize('power', [-1.0, float('nan'), '2', True])
