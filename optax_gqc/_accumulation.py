@@ -197,9 +197,10 @@ def accumulate(
     gate: the decision rule, e.g. :func:`optax_gqc.gates.norm_below`.
     max_draws: the most microbatches accumulated before a step is forced;
       None for none below int32's largest count (a step is forced after
-      2**31 - 1 microbatches). It may be traced, so ``optax.inject_hyperparams`` can
-      change it mid-run; a traced value below 1 is taken as 1 (a step on every
-      microbatch) and counted in ``num_bad_hyperparams``.
+      2**31 - 1 microbatches). It may be traced, so
+      ``optax.inject_hyperparams`` can change it mid-run; a traced value below
+      1 is taken as 1 (a step on every microbatch) and counted in
+      ``num_bad_hyperparams``.
     microbatch_size: examples per microbatch; used to report the noise scale
       in examples. Optional; None takes the gate's, where the gate counts
       examples (:func:`optax_gqc.gates.critical_batch`), and another value

@@ -192,10 +192,11 @@ def noise_scale(
 
   Place it on the local gradients, before they are averaged. It costs one
   ``pmean`` of the gradient, and scalar work. A step whose gradients are not
-  finite (on any device) leaves the estimates as they were. Over an axis of one device
-  there is no second batch: the state stays as ``init`` made it, with a NaN
-  noise scale (no estimate). On one device, :func:`optax_gqc.accumulate`
-  estimates the same quantity from its microbatches.
+  finite (on any device) leaves the estimates as they were. Over an axis of
+  one device there is no second batch: the state stays as ``init`` made it,
+  with a NaN noise scale (no estimate). On one device,
+  :func:`optax_gqc.accumulate` estimates the same quantity from its
+  microbatches.
 
   Under ``jax.shard_map``'s default ``check_vma=True``, the gradient of a
   parameter replicated across ``axis_name`` is already summed over the
