@@ -16,7 +16,7 @@ import optax
 
 from optax_gqc import _checks, _noise_scale
 from optax_gqc._noise_scale import NoiseScaleState
-from optax_gqc._numerics import kept_cond, one_kernel, rounded, sq_norm
+from optax_gqc._numerics import count_if, kept_cond, one_kernel, rounded, sq_norm
 from optax_gqc.gates import DrawStats, Gate
 
 
@@ -355,7 +355,7 @@ def accumulate(
     out, inner_state, stepped = jax.lax.cond(
         step, do_step, do_accumulate, accumulator, state.inner_state, params
     )
-    new_state = _count(state, stats, ok, stepped, forced, max_draws, noise_decay)
+    new_state = _count(state, stats, ok, stepped, forced, max_draws, noise_decay, skip_nonfinite)
     new_state = new_state._replace(gate_state=optax.tree.where(ok, gate_state, state.gate_state))
     # The new scalars in one kernel (see _numerics.one_kernel); the inner state
     # and the accumulator are left out, as the cond and the write return them.
@@ -452,7 +452,9 @@ def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, appl
   return do_step, do_accumulate
 
 
-def _count(state, stats, ok, stepped, forced, max_draws, noise_decay) -> AccumulateState:
+def _count(
+    state, stats, ok, stepped, forced, max_draws, noise_decay, skip_nonfinite
+) -> AccumulateState:
   """The new counters, running sums and noise scale; the buffers as they were."""
   n = stats.num_draws
 
@@ -468,24 +470,26 @@ def _count(state, stats, ok, stepped, forced, max_draws, noise_decay) -> Accumul
       1.0, stats.sum_sq_norms / n, n, jnp.square(stats.acc_norm)
   )
 
-  def plus(count, flag):  # stops at int32's largest: no wrap
-    return jnp.where(flag, optax.safe_increment(count), count)
-
   zero_f = jnp.zeros([], jnp.float32)
   return state._replace(
       num_draws=pick(0, n, state.num_draws),
-      num_microbatches=plus(state.num_microbatches, ok),
-      num_steps=plus(state.num_steps, stepped),
-      num_skipped=plus(state.num_skipped, ~ok),
-      num_forced=plus(state.num_forced, forced),
-      num_bad_hyperparams=plus(state.num_bad_hyperparams, ok & ~(draws_ok & decay_ok)),
+      num_microbatches=count_if(state.num_microbatches, ok),
+      num_steps=count_if(state.num_steps, stepped),
+      num_skipped=count_if(state.num_skipped, ~ok),
+      num_forced=count_if(state.num_forced, forced),
+      num_bad_hyperparams=count_if(state.num_bad_hyperparams, ok & ~(draws_ok & decay_ok)),
       last_num_draws=pick(n, state.last_num_draws, state.last_num_draws),
       last_grad_norm=pick(stats.acc_norm, state.last_grad_norm, state.last_grad_norm),
       sum_sq_norms=pick(zero_f, stats.sum_sq_norms, state.sum_sq_norms),
       sum_norms=pick(zero_f, stats.sum_norms, state.sum_norms),
       acc_norm=pick(stats.acc_norm, stats.acc_norm, state.acc_norm),
       noise=_noise_scale.fold(
-          state.noise, grad_sq_est, trace_est, noise_decay, stepped & (n >= 2) & decay_ok
+          state.noise,
+          grad_sq_est,
+          trace_est,
+          noise_decay,
+          stepped & (n >= 2) & decay_ok,
+          finite_only=not skip_nonfinite,  # else every norm counted is finite
       ),
   )
 

@@ -129,14 +129,22 @@ def init_noise_scale() -> NoiseScaleState:
 
 
 def fold(
-    state: NoiseScaleState, grad_sq_norm: Any, trace_cov: Any, decay: Any, where: Any = True
+    state: NoiseScaleState,
+    grad_sq_norm: Any,
+    trace_cov: Any,
+    decay: Any,
+    where: Any = True,
+    *,
+    finite_only: bool = True,
 ) -> NoiseScaleState:
   """Folds one pair of estimates into the EMAs, where ``where``; keeps them elsewhere.
 
-  A pair that is not finite (from a gradient that is not) is not folded: one
-  would hold the EMAs at NaN for good.
+  With ``finite_only``, a pair that is not finite (from a gradient that is
+  not) is not folded: one would hold the EMAs at NaN for good. A caller that
+  only ever passes finite gradients leaves the check out of its program.
   """
-  where = where & jnp.isfinite(grad_sq_norm) & jnp.isfinite(trace_cov)
+  if finite_only:
+    where = where & jnp.isfinite(grad_sq_norm) & jnp.isfinite(trace_cov)
 
   def ema(old, new):  # in the state's dtype, whatever the decay's (a float64 one under x64)
     return jnp.where(where, decay * old + (1.0 - decay) * new, old).astype(old.dtype)

@@ -5,6 +5,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+
+
+def count_if(count: jax.Array, flag: jax.Array) -> jax.Array:
+  """``count + 1`` where ``flag``, stopping at its dtype's largest (no wrap)."""
+  return jnp.where(flag, optax.safe_increment(count), count)
 
 
 def widened(x: jax.Array) -> jax.Array:

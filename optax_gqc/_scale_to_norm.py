@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._numerics import kept_cond, sq_norm, widened
+from optax_gqc._numerics import count_if, kept_cond, sq_norm, widened
 
 
 class ScaleToNormState(NamedTuple):
@@ -74,8 +74,7 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
     bad = ~(jnp.isfinite(goal) & (goal >= 0))
     scale = jnp.where((norm > 0) & ~bad, goal / jnp.where(norm > 0, norm, 1.0), 0.0)
     updates = jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates)
-    num_bad = state.num_bad_hyperparams
-    num_bad = jnp.where(bad, optax.safe_increment(num_bad), num_bad)  # no wrap
+    num_bad = count_if(state.num_bad_hyperparams, bad)
     return updates, ScaleToNormState(optax.safe_increment(state.count), goal, norm, num_bad)
 
   return optax.GradientTransformation(init_fn, update_fn)

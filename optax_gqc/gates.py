@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from optax_gqc import _checks
+from optax_gqc._numerics import count_if
 from optax_gqc._student_t import quantile_by_df, two_sided_tail
 
 __all__ = [
@@ -123,8 +124,7 @@ def _outside(value: jax.Array, low: float = 0.0, high: float | None = None, *, s
 
 def _count_bad(gate_state: Any, *bad: jax.Array) -> jax.Array:
   """``num_bad_hyperparams`` plus one if any of ``bad`` holds."""
-  count = gate_state['num_bad_hyperparams']
-  return jnp.where(jnp.any(jnp.stack(bad)), optax.safe_increment(count), count)
+  return count_if(gate_state['num_bad_hyperparams'], jnp.any(jnp.stack(bad)))
 
 
 def _no_bad() -> jax.Array:

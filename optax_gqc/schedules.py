@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from optax_gqc import _checks
+
 __all__ = [
     'constant_with_inverse_warmup',
     'constant_with_warmup',
@@ -36,11 +38,9 @@ __all__ = [
 
 
 def _check_steps(warmup_steps: int, total_steps: int | None = None) -> None:
-  for name, value in (('warmup_steps', warmup_steps), ('total_steps', total_steps)):
-    if name == 'total_steps' and value is None:
-      continue
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-      raise ValueError(f'{name} must be an int >= 0, got {value!r}')
+  _checks.check_count('warmup_steps', warmup_steps)
+  if total_steps is not None:
+    _checks.check_count('total_steps', total_steps)
 
 
 def _check_power(power: float) -> None:
