@@ -355,7 +355,7 @@ def accumulate(
     out, inner_state, stepped = jax.lax.cond(
         step, do_step, do_accumulate, accumulator, state.inner_state, params
     )
-    new_state = _count(state, stats, ok, stepped, forced, max_draws, noise_decay, skip_nonfinite)
+    new_state = _count(state, stats, ok, stepped, forced, max_draws, noise_decay)
     new_state = new_state._replace(gate_state=optax.tree.where(ok, gate_state, state.gate_state))
     # The new scalars in one kernel (see _numerics.one_kernel); the inner state
     # and the accumulator are left out, as the cond and the write return them.
@@ -452,9 +452,7 @@ def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, appl
   return do_step, do_accumulate
 
 
-def _count(
-    state, stats, ok, stepped, forced, max_draws, noise_decay, skip_nonfinite
-) -> AccumulateState:
+def _count(state, stats, ok, stepped, forced, max_draws, noise_decay) -> AccumulateState:
   """The new counters, running sums and noise scale; the buffers as they were."""
   n = stats.num_draws
 
@@ -484,12 +482,7 @@ def _count(
       sum_norms=pick(zero_f, stats.sum_norms, state.sum_norms),
       acc_norm=pick(stats.acc_norm, stats.acc_norm, state.acc_norm),
       noise=_noise_scale.fold(
-          state.noise,
-          grad_sq_est,
-          trace_est,
-          noise_decay,
-          stepped & (n >= 2) & decay_ok,
-          finite_only=not skip_nonfinite,  # else every norm counted is finite
+          state.noise, grad_sq_est, trace_est, noise_decay, stepped & (n >= 2) & decay_ok
       ),
   )
 

@@ -129,22 +129,15 @@ def init_noise_scale() -> NoiseScaleState:
 
 
 def fold(
-    state: NoiseScaleState,
-    grad_sq_norm: Any,
-    trace_cov: Any,
-    decay: Any,
-    where: Any = True,
-    *,
-    finite_only: bool = True,
+    state: NoiseScaleState, grad_sq_norm: Any, trace_cov: Any, decay: Any, where: Any = True
 ) -> NoiseScaleState:
   """Folds one pair of estimates into the EMAs, where ``where``; keeps them elsewhere.
 
-  With ``finite_only``, a pair that is not finite (from a gradient that is
-  not) is not folded: one would hold the EMAs at NaN for good. A caller that
-  only ever passes finite gradients leaves the check out of its program.
+  A pair that is not finite (from a gradient that is not, or from sums of
+  finite squared norms that overflow float32) is not folded: one would hold
+  the EMAs at NaN for good.
   """
-  if finite_only:
-    where = where & jnp.isfinite(grad_sq_norm) & jnp.isfinite(trace_cov)
+  where = where & jnp.isfinite(grad_sq_norm) & jnp.isfinite(trace_cov)
 
   def ema(old, new):  # in the state's dtype, whatever the decay's (a float64 one under x64)
     return jnp.where(where, decay * old + (1.0 - decay) * new, old).astype(old.dtype)

@@ -257,7 +257,7 @@ def sgd_sai(
   Differences from the reference: the PyTorch ``SGD_sai`` (``sgd-sai`` 1.0.3)
   is matched step for step where it is well defined (up to float32 rounding:
   it multiplies the parameters by :math:`1 - \eta\lambda` rounded to float32,
-  where this subtracts :math:`\eta\lambda\theta`), and ours differs in four
+  where this subtracts :math:`\eta\lambda\theta`), and ours differs in five
   cases.
 
   * A one-element leaf (its standard deviation is NaN, read as 0) or one whose
@@ -274,6 +274,11 @@ def sgd_sai(
   * The reference keeps "g-SNR done" outside its ``state_dict``, so a resumed
     run recomputes the g-SNR from a mid-training gradient. Here it is part of
     the state.
+  * A first gradient with a NaN or an Inf gives the reference a NaN g-SNR
+    (every later update NaN); here the leaf waits for a finite one. One whose
+    float32 squares overflow (entries from about 1e19) or all underflow
+    gives the reference an infinite or zero norm; here the g-SNR is the
+    formula's (taken on the leaf divided by a power of two).
 
   ``normalize=True`` divides every g-SNR by the largest (the paper's
   pseudocode; the reference does not).

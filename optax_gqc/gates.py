@@ -326,8 +326,10 @@ def critical_batch(
       microbatch.
     max_batch_size: the largest logical batch, in examples, at least two
       microbatches; defaults to no limit (the engine's ``max_draws`` still
-      applies). Every step, the bootstrap's and the probes' included, stays
-      within ``[min_batch_size, max_batch_size]``.
+      applies). The bootstrap's and the probes' batches are taken within
+      ``[min_batch_size, max_batch_size]``, as the target is; a step still
+      takes whole microbatches (the first count that reaches the batch), and
+      ``max_draws`` may force one earlier.
     bootstrap_draws: microbatches per step during the bootstrap, >= 2 (its
       batch taken into the bounds).
     bootstrap_steps: steps of two or more microbatches, each an estimate,
@@ -400,7 +402,8 @@ def critical_batch(
     bad = _outside(f, strict=True)
     # An accumulation of two draws or more ended (a step, forced ones too) just
     # before this microbatch, if the count fell back to 1: the engine folded
-    # one more estimate into its noise scale.
+    # one more estimate into its noise scale (or left out one that was not
+    # finite, which still counts here).
     estimates = gate_state['_estimates'] + (
         (stats.num_draws == 1) & (gate_state['_last_draws'] >= 2)
     ).astype(jnp.int32)

@@ -94,7 +94,8 @@ def _warm(peak_value: float):
 
 def _inverse_warm(peak_value: float, warmup_multiplier: float):
   r = warmup_multiplier
-  if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 <= r < float('inf'):
+  value = _checks.concrete_float('warmup_multiplier', r)  # None when traced
+  if value is not None and not 0 <= value < float('inf'):
     raise ValueError(
         f'warmup_multiplier must be a finite number >= 0, got {r!r}: the warmup starts at '
         'warmup_multiplier times the peak'

@@ -245,8 +245,9 @@ def _check_args(learning_rates, ks, seeds, evals, count, seeded):
     )
   if len(seeds) > 1 and not seeded:
     raise ValueError(
-        f'seeds {seeds!r} would all run the same: params and microbatches are the same arrays '
-        'for every seed. Pass a function of the seed for either (or both), or one seed'
+        f'seeds {seeds!r} would all run the same: params, microbatches and eval_batches are '
+        'the same arrays for every seed. Pass a function of the seed for one of them (params '
+        'or microbatches, for seeds that train differently), or one seed'
     )
   _checks.check_positive_int('evals', evals)
   if count < evals * max(ks):
@@ -292,9 +293,10 @@ def frontier_study(
       microbatches (:func:`optax_gqc.schedule_by_microbatch`).
     learning_rates: the grid of peak learning rates; every arm runs at each.
     ks: the frontier's microbatches per step; must include 1, the control.
-    seeds: the seeds; each has its own frontier. Several need ``params`` or
-      ``microbatches`` to be a function of the seed: otherwise every seed
-      would run the same, and the intervals would read copies as independent.
+    seeds: the seeds; each has its own frontier. Several need ``params``,
+      ``microbatches`` or ``eval_batches`` to be a function of the seed:
+      otherwise every seed would run the same, and the intervals would read
+      copies as independent.
     optimizer: the optimizer factory, taking ``learning_rate``; built with
       ``optax.inject_hyperparams``.
     optimizer_kwargs: its other arguments (e.g. ``weight_decay``).
@@ -317,7 +319,7 @@ def frontier_study(
   lrs = np.asarray(learning_rates, np.float32)
   first = _per_seed(microbatches, seeds[0] if seeds else 0)
   count = jax.tree.leaves(first)[0].shape[0]
-  seeded = callable(params) or callable(microbatches)
+  seeded = any(callable(x) for x in (params, microbatches, eval_batches))
   _check_args(tuple(learning_rates), ks, tuple(seeds), evals, count, seeded)
   count -= count % evals  # evaluations evenly spaced: the rest is left out
 

@@ -158,6 +158,8 @@ def test_parameters_without_names_and_sparse_gradients_raise_clearly():
   for fn in (tshim.params_to_jax, tshim.grads_to_jax):
     with pytest.raises(TypeError, match=r'named_parameters\(\) in place of module.parameters'):
       fn(model.parameters())  # each item a tensor, not a (name, tensor) pair
+  pairs = [[name, p] for name, p in model.named_parameters()]  # lists for tuples
+  assert tshim.params_to_jax(pairs).keys() == tshim.params_to_jax(model).keys()
   embedding = torch.nn.Embedding(4, 2, sparse=True)
   embedding(torch.tensor([1, 2])).sum().backward()
   with pytest.raises(TypeError, match='to_dense'):

@@ -163,6 +163,13 @@ def test_a_gradient_that_is_not_finite_leaves_the_estimates_as_they_were():
   for g in ([1.0, jnp.inf], [1.0, 2.0], [1.0, 2.0], [3.0, 0.0]):
     _, acc_state = jax.jit(acc.update)({'w': jnp.array(g)}, acc_state, params)
   assert float(acc_state.noise.weight) > 0 and np.isfinite(float(acc_state.noise.noise_scale))
+  # Finite microbatches (none skipped) whose sums of squared norms overflow float32.
+  acc = optax_gqc.sbc(optax.sgd(0.1), 2, 1)
+  acc_state = acc.init(params)
+  for g in ([1.2e19, 1e19], [1e19, 1.2e19], [1.0, 2.0], [3.0, 0.0]):
+    _, acc_state = jax.jit(acc.update)({'w': jnp.array(g)}, acc_state, params)
+  assert int(acc_state.num_skipped) == 0
+  assert float(acc_state.noise.weight) > 0 and np.isfinite(float(acc_state.noise.noise_scale))
 
 
 def test_standalone_noise_scale_takes_a_list_of_axes_as_a_tuple():

@@ -90,10 +90,17 @@ def test_numpy_step_counts_are_counts():
   assert [float(ours(t)) for t in range(22)] == [float(same(t)) for t in range(22)]
 
 
-@pytest.mark.parametrize('bad', [-1.0, float('nan'), float('inf'), True])
+@pytest.mark.parametrize('bad', [-1.0, float('nan'), float('inf'), jnp.asarray(-2.0)])
 def test_a_warmup_multiplier_out_of_its_domain_raises(bad):
   with pytest.raises(ValueError, match='warmup_multiplier must be a finite number >= 0'):
     schedules.constant_with_inverse_warmup(1.0, 5, warmup_multiplier=bad)
+
+
+def test_a_warmup_multiplier_may_be_an_array_or_traced():
+  want = float(schedules.constant_with_inverse_warmup(1.0, 5, 10.0)(2))
+  assert float(schedules.constant_with_inverse_warmup(1.0, 5, jnp.asarray(10.0))(2)) == want
+  traced = jax.jit(lambda r: schedules.constant_with_inverse_warmup(1.0, 5, r)(2))
+  assert float(traced(10.0)) == want
 
 
 @pytest.mark.parametrize('power', [-1.0, float('nan'), '2', True])

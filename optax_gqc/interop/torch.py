@@ -177,7 +177,7 @@ def _named_tensors(source: _TensorSource) -> dict[str, torch.Tensor]:
   else:  # (name, tensor) pairs; module.parameters() would give tensors alone
     pairs = list(source)
     for item in pairs:
-      if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+      if not (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], str)):
         raise TypeError(
             f'expected a module, a mapping or (name, tensor) pairs, but an item is a '
             f'{type(item).__name__}: pass the module, or module.named_parameters() in place '
