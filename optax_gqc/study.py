@@ -474,7 +474,7 @@ def table(result: Mapping[str, Any], title: str = '') -> list[str]:
         f"{f[k]['val_loss']:.4f}/{f[k]['lr']:.2g}{edges.get(f[k]['lr'], '')}" if k in f else '-'
         for k in ks
     ]
-    marked |= any(c[-1] in '^v' for c in cells)
+    marked |= any(f[k]['lr'] in edges for k in ks if k in f)
     lines.append(f'  seed {seed}: ' + '  '.join(cells))
   if marked:
     lines.append(
