@@ -280,19 +280,29 @@ def test_suite_runs_a_task_and_its_report_exits_on_the_targets(load, tmp_path, c
     arm = study._summarize(per_seed)
     return {'seeds': list(range(len(margins))), 'arms': {'gnts': arm}, 'frontier': {}, 'runs': []}
 
-  good = {'a': fake([0.03, 0.04, 0.05], 0.3), 'b': fake([0.01, 0.02, 0.015], 0.4)}
+  good = {
+      'a': fake([0.03, 0.04, 0.05, 0.035, 0.045], 0.3),
+      'b': fake([0.01, 0.02, 0.015, 0.012, 0.018], 0.4),
+  }
   for name, r in good.items():
     (tmp_path / f'{name}.json').write_text(json.dumps(r))
   assert suite.report(tmp_path, ['a', 'b']) == 0
-  (tmp_path / 'b.json').write_text(json.dumps(fake([0.01, -0.02, 0.015], 0.4)))
+  (tmp_path / 'b.json').write_text(json.dumps(fake([0.01, -0.02, 0.015, 0.012, 0.018], 0.4)))
   assert suite.report(tmp_path, ['a', 'b']) == 1
   assert 'MISS  b: every seed >= -0.01' in capsys.readouterr().out
   assert (tmp_path / 'suite.md').read_text().startswith('| task | seeds |')
-  # A seed with no margin (diverged, or outside its frontier) misses; it is not left out.
-  (tmp_path / 'b.json').write_text(json.dumps(fake([0.01, None, 0.015], 0.4)))
+  # A seed with no margin (diverged, or outside its frontier) misses; it is not left out,
+  # from the interval's count of tasks and the steps either.
+  (tmp_path / 'b.json').write_text(json.dumps(fake([0.05, 0.051, None, None, None], 0.4)))
   assert suite.report(tmp_path, ['a', 'b']) == 1
   out = capsys.readouterr().out
-  assert 'MISS  b: every seed >= -0.01' in out and '| `b` | 2 of 3 |' in out
+  assert 'MISS  b: every seed >= -0.01' in out and '| `b` | 2 of 5 |' in out
+  assert 'MISS  >= 2 tasks below the frontier' in out and 'MISS  b: steps' in out
+  # Fewer seeds than the protocol's five miss, however good their margins.
+  for name, margins in {'a': [0.05, 0.051], 'b': [0.03, 0.031]}.items():
+    (tmp_path / f'{name}.json').write_text(json.dumps(fake(margins, 0.3)))
+  assert suite.report(tmp_path, ['a', 'b']) == 1
+  assert 'MISS  a: 5 seeds or more' in capsys.readouterr().out
   (tmp_path / 'b.json').write_text(json.dumps({**fake([0.01], 0.4), 'arms': {}}))
   assert suite.report(tmp_path, ['a', 'b']) == 1
   assert 'MISS  b: gnts was run' in capsys.readouterr().out
