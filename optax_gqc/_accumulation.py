@@ -133,7 +133,7 @@ def _one_microbatch_size(given: Any, gate_size: int | None) -> Any:
   if gate_size is None:
     return given
   # A traced size (inject_hyperparams) cannot be compared here.
-  if given is not None and not isinstance(given, jax.Array) and given != gate_size:
+  if given is not None and not isinstance(given, jax.core.Tracer) and given != gate_size:
     raise ValueError(
         f'accumulate: microbatch_size={given}, but the gate counts microbatches of '
         f'{gate_size} examples: give it once, to the gate (accumulate reads it there)'

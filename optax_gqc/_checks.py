@@ -13,7 +13,7 @@ import numpy as np
 
 from optax_gqc._numerics import axis_names, sq_norm, varying_axes
 
-_INT32_MAX = 2**31 - 1
+INT32_MAX = 2**31 - 1
 
 
 # optax.inject_hyperparams takes every callable argument for a schedule of its
@@ -24,17 +24,23 @@ INJECTED_FUNCTION = (
 )
 
 
-def concrete_float(name: str, value: Any) -> float | None:
-  """`value` as a float, or None when it is traced (inside `inject_hyperparams`)."""
+def concrete_float(name: str, value: Any, *, schedule: bool = False) -> float | None:
+  """`value` as a float, or None when it is traced (inside `inject_hyperparams`).
+
+  ``schedule``: the argument may also be a schedule (the error says so).
+  """
   if isinstance(value, jax.core.Tracer):
     return None
   if isinstance(value, bool) or not isinstance(
       value, numbers.Real | np.ndarray | np.generic | jax.Array
   ):
-    raise TypeError(
-        f'{name} must be a number or a schedule (a function of the step count), '
-        f'got {type(value).__name__} {value!r}: pass a float, or a function of the step count'
-    )
+    if schedule:
+      raise TypeError(
+          f'{name} must be a number or a schedule (a function of the step count), '
+          f'got {type(value).__name__} {value!r}: pass a float, or a function of the step count'
+      )
+    got = 'a function' if callable(value) else f'{type(value).__name__} {value!r}'
+    raise TypeError(f'{name} must be a number, got {got}: it is not scheduled; pass one float')
   if np.ndim(value) != 0:
     raise ValueError(
         f'{name} must be a scalar, got an array of shape {np.shape(value)}: pass one number, '
@@ -75,10 +81,12 @@ def check_scalar_or_schedule(
 
   A schedule must run on a traced step count and return a scalar.
   """
+  if isinstance(value, type | np.dtype):  # callable, but no schedule: t -> dtype(t)
+    raise TypeError(f'{name} must be a number or a schedule, got the dtype {value!r}')
   if callable(value):
     check_schedule(name, value)
     return
-  v = concrete_float(name, value)
+  v = concrete_float(name, value, schedule=True)
   if v is None:
     return
   if math.isnan(v) or v < 0 or (positive and v == 0) or (finite and math.isinf(v)):
@@ -86,11 +94,14 @@ def check_scalar_or_schedule(
     raise ValueError(f"{name} must be {'finite and ' if finite else ''}{bound}, got {v}")
 
 
-def check_positive(name: str, value: Any) -> None:
-  """Raises unless a constant ``value`` is > 0 (not NaN); traced values pass."""
+def check_positive(name: str, value: Any, *, finite: bool = False) -> None:
+  """Raises unless a constant ``value`` is > 0 (not NaN, and not inf if ``finite``).
+
+  Traced values pass.
+  """
   v = concrete_float(name, value)
-  if v is not None and not v > 0.0:
-    raise ValueError(f'{name} must be > 0, got {v}')
+  if v is not None and not (v > 0.0 and (not finite or v < math.inf)):
+    raise ValueError(f"{name} must be {'finite and ' if finite else ''}> 0, got {v}")
 
 
 def check_unit_interval(name: str, value: Any) -> None:
@@ -119,10 +130,10 @@ def check_positive_int(name: str, value: Any, fix: str = '') -> None:
     raise TypeError(f'{name} must be an integer, got {type(value).__name__} {value!r}: {want}')
   if value < 1:
     raise ValueError(f'{name} must be >= 1, got {value}: {want}')
-  if value > _INT32_MAX:
+  if value > INT32_MAX:
     raise ValueError(
         f'{name} must be below 2**31 (it is kept as an int32), got {value}: pass at most '
-        f'{_INT32_MAX}{fix}'
+        f'{INT32_MAX}{fix}'
     )
 
 
@@ -165,8 +176,9 @@ def check_float_dtype(name: str, value: Any) -> None:
     raise TypeError(f'{name} must be a dtype such as jnp.float32, or None, got {value!r}') from e
   if not jnp.issubdtype(dtype, jnp.inexact):
     raise ValueError(
-        f'{name} must be a floating-point (or complex) dtype, got {dtype}: an integer '
-        f'accumulator would truncate the mean. Pass {name}=jnp.float32, or None'
+        f'{name} must be a floating-point (or complex) dtype, got {dtype}: an integer one '
+        'would truncate (an accumulator, the mean; a hyperparameter, its value). Pass '
+        f'{name}=jnp.float32, or None'
     )
 
 

@@ -5,6 +5,7 @@ engine (microbatches as the small batch) and :func:`noise_scale` (devices as
 the small batch).
 """
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -45,7 +46,7 @@ def noise_scale_estimates(
 
   Raises:
     ValueError: if the batch sizes are known (not traced, scalars) and are
-      not positive, or equal (which gives 0 / 0).
+      not positive and finite, or equal (which gives 0 / 0).
 
   Example:
     >>> import optax_gqc
@@ -60,10 +61,12 @@ def noise_scale_estimates(
       None if isinstance(b, jax.core.Tracer) or np.ndim(b) != 0 else float(b)
       for b in (small_batch, big_batch)
   ]
-  if None not in known and not (min(known) > 0 and known[0] != known[1]):
-    why = 'equal sizes give 0 / 0' if known[0] == known[1] else 'a size is not positive'
+  if None not in known and not (
+      all(0 < b < math.inf for b in known) and known[0] != known[1]
+  ):  # NaN fails the bounds
+    why = 'equal sizes give 0 / 0' if known[0] == known[1] else 'a size is not positive and finite'
     raise ValueError(
-        f'noise_scale_estimates: the batch sizes must be positive and differ, got '
+        f'noise_scale_estimates: the batch sizes must be positive, finite and differ, got '
         f'small_batch={known[0]:g} and big_batch={known[1]:g}: {why}'
     )
   return estimates(small_batch, small_sq_norm, big_batch, big_sq_norm)

@@ -31,10 +31,11 @@ from optax_gqc.schedules import (
 def _check_base(name: str, value: Any) -> None:
   if callable(value):
     raise TypeError(
-        f'{name} must be a number: this recipe schedules it per microbatch. Pass its value '
-        'after warmup, or build your own schedule with scheduled_accumulation'
+        f'{name} must be a number, got a function: a recipe takes one value of each number '
+        '(and schedules those it schedules itself). Pass one value, or build your own '
+        'schedules with scheduled_accumulation'
     )
-  _checks.check_scalar_or_schedule(name, value)
+  _checks.check_scalar_or_schedule(name, value, finite=True)
 
 
 def _check_optimizer(optimizer: Any, names: Any) -> None:
@@ -221,6 +222,7 @@ def scheduled_accumulation(
       )
     _checks.check_schedule(f'hyperparams[{name!r}]', schedule)
   _check_optimizer(optimizer, hyperparams)
+  _checks.check_float_dtype('hyperparam_dtype', hyperparam_dtype)
   inner = optax.inject_hyperparams(
       optimizer, static_args=_static_args(optimizer_kwargs), hyperparam_dtype=hyperparam_dtype
   )(**optimizer_kwargs, **{k: s(jnp.zeros([], jnp.int32)) for k, s in hyperparams.items()})

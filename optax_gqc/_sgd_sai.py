@@ -112,7 +112,7 @@ def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientT
   number, so no factor changes once set (and a late one may exceed 1).
 
   Args:
-    eps: added to :math:`\sigma` in the denominator; must be positive.
+    eps: added to :math:`\sigma` in the denominator; must be positive and finite.
     normalize: divide every g-SNR by the largest one.
 
   Returns:
@@ -134,7 +134,8 @@ def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientT
     Xu et al, `No More Adam: Learning Rate Scaling at Initialization is All You
     Need <https://arxiv.org/abs/2412.11768>`_, 2024
   """
-  _checks.check_positive('eps', eps)
+  _checks.check_positive('eps', eps, finite=True)
+  _checks.check_bool('normalize', normalize)
 
   def init_fn(params):
     return ScaleByGsnrState(
@@ -288,7 +289,7 @@ def sgd_sai(
     momentum: :math:`\mu \in [0, 1)`, the decay of the moving average.
     weight_decay: :math:`\lambda`, decoupled: parameters shrink by
       :math:`\eta_t \lambda` per step. A constant or a schedule.
-    eps: added to the standard deviation in the g-SNR; must be positive.
+    eps: added to the standard deviation in the g-SNR; must be positive and finite.
     mask: which leaves decay, as in :func:`optax.add_decayed_weights`: a tree
       of bools shaped like (a prefix of) the params, or a function of the
       params returning one.
@@ -318,10 +319,11 @@ def sgd_sai(
     Xu et al, `No More Adam: Learning Rate Scaling at Initialization is All You
     Need <https://arxiv.org/abs/2412.11768>`_, 2024
   """
-  _checks.check_scalar_or_schedule('learning_rate', learning_rate)
+  _checks.check_scalar_or_schedule('learning_rate', learning_rate, finite=True)
   _checks.check_unit_interval('momentum', momentum)
-  _checks.check_scalar_or_schedule('weight_decay', weight_decay)
-  _checks.check_positive('eps', eps)
+  _checks.check_scalar_or_schedule('weight_decay', weight_decay, finite=True)
+  _checks.check_positive('eps', eps, finite=True)
+  _checks.check_bool('normalize', normalize)
   _checks.check_float_dtype('mu_dtype', mu_dtype)
   return optax.chain(
       scale_by_gsnr(eps=eps, normalize=normalize),

@@ -114,6 +114,20 @@ def _value_at(name: str, hyperparam: optax.ScalarOrSchedule, t: jax.Array) -> ja
   return jnp.array(value, jnp.float32)  # a copy: never share a buffer with the caller
 
 
+def _examples(num_draws: jax.Array, microbatch_size: Any) -> jax.Array:
+  """``num_draws * microbatch_size`` as a float32, as the batch sizes compared with it are.
+
+  Rounded from the int32 product, which wraps past 2**31; a product that would wrap
+  is taken in float32.
+  """
+  wraps = num_draws > _checks.INT32_MAX // microbatch_size
+  return jnp.where(
+      wraps,
+      num_draws.astype(jnp.float32) * microbatch_size,
+      (num_draws * microbatch_size).astype(jnp.float32),
+  )
+
+
 def _outside(value: jax.Array, low: float = 0.0, high: float | None = None, *, strict=False):
   """Whether ``value`` is NaN or outside ``[low, high)``; ``(low, ...`` if ``strict``."""
   inside = value > low if strict else value >= low
@@ -200,6 +214,7 @@ def norm_below(
     >>> tx = optax_gqc.accumulate(optax.adam(1e-3), optax_gqc.gates.norm_below(0.5))
   """
   _checks.check_scalar_or_schedule('threshold', threshold)
+  _checks.check_bool('relative', relative)
   if not relative:
     return _scheduled_gate('threshold', threshold, lambda s, thr: s.acc_norm <= thr)
   _checks.check_unit_interval('decay', decay)
@@ -266,7 +281,7 @@ def batch_size_at_least(logical_batch_size: optax.ScalarOrSchedule, microbatch_s
   gate = _scheduled_gate(
       'logical_batch_size',
       logical_batch_size,
-      lambda s, size: s.num_draws * microbatch_size >= size,
+      lambda s, size: _examples(s.num_draws, microbatch_size) >= size,
   )
   return gate._replace(microbatch_size=microbatch_size)
 
@@ -379,12 +394,14 @@ def critical_batch(
         f'{bootstrap_draws}'
     )
   _checks.check_positive_int('bootstrap_steps', bootstrap_steps)
-  if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 0:
-    raise ValueError(f'probe_every must be an int >= 0, got {probe_every!r}')
+  _checks.check_count('probe_every', probe_every)
+  if probe_every > _checks.INT32_MAX:
+    raise ValueError(f'probe_every must be below 2**31 (an int32 count), got {probe_every}')
+  probe_every = int(probe_every)
 
   # The bootstrap's batch, within the bounds (at least two microbatches, as
   # the upper bound is).
-  bootstrap = min(max(bootstrap_draws * microbatch_size, lower), upper)
+  bootstrap = float(min(max(bootstrap_draws * microbatch_size, lower), upper))  # may pass 2**31
 
   def init():
     return {
@@ -413,9 +430,9 @@ def critical_batch(
     since = gate_state['_steps_since_probe']
     goal = target
     if probe_every:
-      probe = (target < 2 * microbatch_size) & (since + 1 >= probe_every)
+      probe = (target < 2.0 * microbatch_size) & (since + 1 >= probe_every)
       goal = jnp.where(probe, 2.0 * microbatch_size, target)
-    step = ~bad & (stats.num_draws * microbatch_size >= goal)
+    step = ~bad & (_examples(stats.num_draws, microbatch_size) >= goal)
     since = jnp.where(step, jnp.where(stats.num_draws >= 2, 0, since + 1), since)
     return step, {
         'fraction': f,

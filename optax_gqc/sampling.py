@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from optax_gqc import _checks
 
@@ -60,7 +61,17 @@ class TestResult(NamedTuple):
 def _flat(grads: Any) -> jax.Array:
   """The stacked pytree as a ``(b, dim)`` float32 matrix; a complex entry as two real ones."""
   leaves = jax.tree.leaves(grads)
+  if not leaves or not all(hasattr(x, 'shape') and np.ndim(x) >= 1 for x in leaves):
+    raise TypeError(
+        'the sampling tests take a tree of stacked gradients, arrays of shape (b, ...): one '
+        'per example (jax.vmap of jax.grad), got ' + repr(jax.tree.map(np.shape, grads))
+    )
   b = leaves[0].shape[0]
+  if any(x.shape[0] != b for x in leaves):
+    raise ValueError(
+        'the stacked gradients must share their leading axis, the b examples, got '
+        + repr(jax.tree.map(lambda x: x.shape[0], grads))
+    )
   if b < 2:
     raise ValueError(f'the sampling tests need at least 2 stacked gradients, got {b}')
 

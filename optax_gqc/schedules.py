@@ -18,8 +18,10 @@ on, and agree with it on :math:`[0, M]`.
 This module is a leaf: it imports nothing else of optax_gqc.
 """
 
+import math
 import numbers
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -37,10 +39,18 @@ __all__ = [
 ]
 
 
-def _check_steps(warmup_steps: int, total_steps: int | None = None) -> None:
+def _check_steps(warmup_steps: int, *total_steps: int) -> None:
   _checks.check_count('warmup_steps', warmup_steps)
-  if total_steps is not None:
-    _checks.check_count('total_steps', total_steps)
+  for total in total_steps:  # an anneal's end, which it needs
+    _checks.check_count('total_steps', total)
+
+
+def _check_values(**values: Any) -> None:
+  """Raises unless each constant value is a finite real scalar; traced values pass."""
+  for name, value in values.items():
+    v = _checks.concrete_float(name, value)
+    if v is not None and not math.isfinite(v):
+      raise ValueError(f'{name} must be finite, got {v}')
 
 
 def _check_power(power: float) -> None:
@@ -119,6 +129,7 @@ def constant_with_warmup(value: float, warmup_steps: int) -> optax.Schedule:
   Mirrors torch-schedule-anything's ``constant_with_warmup``.
   """
   _check_steps(warmup_steps)
+  _check_values(value=value)
   return _schedule(warmup_steps, None, _warm(value), lambda p: value + 0.0 * p)
 
 
@@ -130,6 +141,7 @@ def constant_with_inverse_warmup(
   Mirrors torch-schedule-anything's ``constant_with_inverse_warmup``.
   """
   _check_steps(warmup_steps)
+  _check_values(value=value)
   return _schedule(
       warmup_steps, None, _inverse_warm(value, warmup_multiplier), lambda p: value + 0.0 * p
   )
@@ -159,6 +171,7 @@ def cosine_with_warmup(
     [0.0, 0.5, 1.0, 0.0, 0.0]
   """
   _check_steps(warmup_steps, total_steps)
+  _check_values(peak_value=peak_value, end_value=end_value)
   return _schedule(warmup_steps, total_steps, _warm(peak_value), _cosine(peak_value, end_value))
 
 
@@ -176,6 +189,7 @@ def cosine_with_inverse_warmup(
   gradient is mostly signal, steps on every microbatch.
   """
   _check_steps(warmup_steps, total_steps)
+  _check_values(peak_value=peak_value, end_value=end_value)
   return _schedule(
       warmup_steps,
       total_steps,
@@ -192,6 +206,7 @@ def polynomial_with_warmup(
   Mirrors torch-schedule-anything's ``polynomial_schedule_with_warmup`` (clamped).
   """
   _check_steps(warmup_steps, total_steps)
+  _check_values(peak_value=peak_value, end_value=end_value)
   _check_power(power)
   return _schedule(
       warmup_steps, total_steps, _warm(peak_value), _polynomial(peak_value, end_value, power)
@@ -212,6 +227,7 @@ def polynomial_with_inverse_warmup(
   (clamped).
   """
   _check_steps(warmup_steps, total_steps)
+  _check_values(peak_value=peak_value, end_value=end_value)
   _check_power(power)
   return _schedule(
       warmup_steps,

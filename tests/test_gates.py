@@ -355,3 +355,23 @@ def test_a_gate_reads_the_microbatch_count_under_its_former_name_too():
   for _ in range(2):
     _, state = tx.update({'w': jnp.ones(2)}, state)
   assert [(int(a), int(b)) for a, b in seen] == [(0, 0), (1, 1)]
+
+
+def test_batches_of_more_examples_than_an_int32_holds_are_reached():
+  params = {'w': jnp.zeros(2)}
+
+  def steps(tx, num):
+    def body(state, _):
+      return tx.update({'w': jnp.ones(2)}, state, params)[1], None
+
+    state, _ = jax.jit(lambda s: jax.lax.scan(body, s, None, length=num))(tx.init(params))
+    return int(state.num_steps), int(state.num_draws)
+
+  # 2**31 + 2**20 tokens in microbatches of 2**20: a step every 2049 microbatches (the
+  # examples counted wrapped past 2**31, and it never stepped).
+  sbc = optax_gqc.sbc(optax.sgd(0.1), 2.0**31 + 2**20, 2**20, max_draws=None)
+  assert steps(sbc, 4200) == (2, 4200 - 2 * 2049)
+  assert steps(optax_gqc.sbc(optax.sgd(0.1), 2.0**31, 2**30, max_draws=None), 6) == (3, 0)
+  # Its bootstrap batch is 2**31 examples: an overflow at the first trace before.
+  critical = optax_gqc.accumulate(optax.sgd(0.1), gates.critical_batch(0.5, 2**30), max_draws=8)
+  assert steps(critical, 4) == (2, 0)

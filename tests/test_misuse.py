@@ -210,7 +210,7 @@ AT_CONSTRUCTION = {
         lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype=jnp.int32),
         ValueError,
         'accumulator_dtype',
-        r'truncate the mean.*jnp.float32',
+        r'truncate \(an accumulator, the mean.*jnp.float32',
     ),
     'float16 accumulator': (
         lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype=jnp.float16),
@@ -420,7 +420,7 @@ AT_CONSTRUCTION = {
         lambda: optax_gqc.gnr_with_cosine_schedule(lambda t: 0.1, 1.0, 0.5, 100, 10),
         TypeError,
         'learning_rate',
-        r'Pass its value after warmup',
+        r'Pass one value',
     ),
     'recipe negative threshold': (
         lambda: optax_gqc.gnts_with_cosine_schedule(1e-3, 100, 10, initial_threshold=-1.0),
@@ -467,6 +467,140 @@ AT_CONSTRUCTION = {
         TypeError,
         "takes no argument 'lr'",
         r'schedule only arguments that it takes',
+    ),
+    # Values that trained wrongly: inf, a dtype taken for a schedule, strings for flags.
+    'inf eps': (
+        lambda: optax_gqc.sgd_sai(0.1, eps=float('inf')),
+        ValueError,
+        'eps',
+        r'finite and > 0',
+    ),
+    'inf eps of scale_by_gsnr': (
+        lambda: optax_gqc.scale_by_gsnr(eps=float('inf')),
+        ValueError,
+        'eps',
+        r'finite',
+    ),
+    'inf learning rate of sgd_sai': (
+        lambda: optax_gqc.sgd_sai(float('inf')),
+        ValueError,
+        'learning_rate',
+        r'finite',
+    ),
+    'inf initial norm of a recipe': (
+        lambda: optax_gqc.gnr_with_cosine_schedule(
+            1e-3, float('inf'), 0.1, total_microbatches=10, warmup_microbatches=2
+        ),
+        ValueError,
+        'initial_norm',
+        r'finite',
+    ),
+    'inf batch of a recipe': (
+        lambda: optax_gqc.sbc_with_polynomial_schedule(
+            1e-3, 8, float('inf'), 64, total_microbatches=10, warmup_microbatches=2
+        ),
+        ValueError,
+        'initial_batch_size',
+        r'finite',
+    ),
+    'function for a recipe number it does not schedule': (
+        lambda: optax_gqc.sbc_with_polynomial_schedule(
+            1e-3, 8, 8, 64, total_microbatches=10, warmup_microbatches=2, power=lambda t: 2.0
+        ),
+        TypeError,
+        'power',
+        r'Pass one value',
+    ),
+    'function for a number that is not scheduled': (
+        lambda: gates.norm_below(0.5, relative=True, decay=lambda t: 0.9),
+        TypeError,
+        'decay',
+        r'must be a number, got a function: it is not scheduled',
+    ),
+    'dtype for a schedule': (
+        lambda: optax_gqc.mht(sgd(), jnp.float32, 0.05),
+        TypeError,
+        'confidence',
+        r'got the dtype',
+    ),
+    'string for relative': (
+        lambda: gates.norm_below(0.5, relative='False'),
+        TypeError,
+        'relative',
+        r'True or False',
+    ),
+    'string for normalize': (
+        lambda: optax_gqc.sgd_sai(0.1, normalize='False'),
+        TypeError,
+        'normalize',
+        r'True or False',
+    ),
+    'integer hyperparam_dtype': (
+        lambda: optax_gqc.scheduled_accumulation(
+            optax.sgd,
+            gates.norm_below(0.5),
+            {'learning_rate': lambda t: 0.1},
+            hyperparam_dtype=jnp.int32,
+        ),
+        ValueError,
+        'hyperparam_dtype',
+        r'floating-point',
+    ),
+    "concrete array microbatch_size other than the gate's": (
+        lambda: optax_gqc.accumulate(
+            sgd(), gates.batch_size_at_least(64, 32), microbatch_size=jnp.array(16)
+        ),
+        ValueError,
+        'microbatch_size=16',
+        r'give it once, to the gate',
+    ),
+    'function as gnts microbatch_size': (
+        lambda: optax_gqc.gnts(sgd(), microbatch_size=lambda t: 8),
+        TypeError,
+        'microbatch_size',
+        r'pass an integer microbatch_size >= 1',
+    ),
+    'gnts microbatch_size of 2**30': (
+        lambda: optax_gqc.gnts(sgd(), microbatch_size=2**30),
+        ValueError,
+        'microbatch_size',
+        r'below 2\*\*30',
+    ),
+    'NumPy probe_every over int32': (
+        lambda: gates.critical_batch(0.5, 4, probe_every=np.int64(2**31)),
+        ValueError,
+        'probe_every',
+        r'below 2\*\*31',
+    ),
+    'NaN big batch': (
+        lambda: optax_gqc.noise_scale_estimates(8, 7.25, float('nan'), 1.78125),
+        ValueError,
+        'big_batch=nan',
+        r'positive, finite',
+    ),
+    'stacked gradients of different lengths': (
+        lambda: optax_gqc.sampling.norm_test({'w': jnp.ones((8, 3)), 'b': jnp.ones((4, 4))}, 0.5),
+        ValueError,
+        'leading axis',
+        r"'b': 4",
+    ),
+    'an anneal with no end': (
+        lambda: optax_gqc.schedules.cosine_with_warmup(1.0, 0.0, 10, None),
+        ValueError,
+        'total_steps',
+        r'int >= 0, got None',
+    ),
+    'a NaN schedule value': (
+        lambda: optax_gqc.schedules.constant_with_warmup(float('nan'), 10),
+        ValueError,
+        'value',
+        r'finite',
+    ),
+    'a string schedule value': (
+        lambda: optax_gqc.schedules.cosine_with_warmup('abc', 0.0, 10, 100),
+        TypeError,
+        'peak_value',
+        r'must be a number',
     ),
 }
 

@@ -21,10 +21,17 @@ def test_golden_two_batch_estimates():
 
 
 @pytest.mark.parametrize(
-    'small, big, why', [(8, 8, 'equal sizes'), (0, 8, 'not positive'), (-8, 64, 'not positive')]
+    'small, big, why',
+    [
+        (8, 8, 'equal sizes'),
+        (0, 8, 'not positive'),
+        (-8, 64, 'not positive'),
+        (8, float('nan'), 'not positive and finite'),
+        (8, float('inf'), 'not positive and finite'),
+    ],
 )
 def test_two_batch_estimates_need_two_positive_sizes(small, big, why):
-  with pytest.raises(ValueError, match=f'positive and differ.*{why}'):
+  with pytest.raises(ValueError, match=f'positive, finite and differ.*{why}'):
     optax_gqc.noise_scale_estimates(small, 7.25, big, 1.78125)
   # Traced sizes pass unchecked (under jit they cannot be read): the formula as it is.
   out = jax.jit(optax_gqc.noise_scale_estimates)(small, 7.25, big, 1.78125)
