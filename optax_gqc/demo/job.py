@@ -88,19 +88,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   arm_summaries = [a['summary'] for r in runs for a in r['arms'].values()]
   train_s = sum(a['seconds'] for a in arm_summaries)
   compile_s = sum(a['compile_seconds'] for a in arm_summaries)
-  plot_curves(first, out / 'curves.png')
-  written = ['table.txt', 'results.json', 'curves.png']
+  # The results first: a figure that fails must not take them with it.
+  (out / 'table.txt').write_text('\n'.join(lines))
+  (out / 'results.json').write_text(json.dumps(payload, indent=1))
+  print('\n' + '\n'.join(lines[:-1]))
+  (out / 'study.png').unlink(missing_ok=True)  # an earlier --study run's would read as this run's
+  figures = [('curves.png', lambda path: plot_curves(first, path))]
   if args.study:
-    plot_study(runs, summaries, out / 'study.png')
-    written.append('study.png')
-  else:  # an earlier --study run's figure would read as this run's
-    (out / 'study.png').unlink(missing_ok=True)
+    figures.append(('study.png', lambda path: plot_study(runs, summaries, path)))
+  written = ['table.txt', 'results.json']
+  for name, draw in figures:
+    try:
+      draw(out / name)
+      written.append(name)
+    except Exception as e:  # noqa: BLE001 -- no matplotlib, a full disk: the results stand
+      print(f'could not draw {out / name}: {type(e).__name__}: {e}', file=sys.stderr)
   # Since main began: the arms, and the rest (the text, each model's first build, the plots).
   total_s = time.perf_counter() - start
   payload['seconds'] = {'training': train_s, 'compiling': compile_s, 'total': total_s}
-  (out / 'results.json').write_text(json.dumps(payload, indent=1))
-  (out / 'table.txt').write_text('\n'.join(lines))
-  print('\n' + '\n'.join(lines[:-1]))
+  (out / 'results.json').write_text(json.dumps(payload, indent=1))  # again, with the time
   print(
       f'time: {train_s:.0f} s training, {compile_s:.0f} s compiling (and the first evaluation): '
       f'{compile_s / max(train_s + compile_s, 1e-9):.0%} compiling; {total_s:.0f} s in all '

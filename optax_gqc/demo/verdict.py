@@ -46,6 +46,7 @@ def verdict(
     arms: Mapping[str, tuple[float, float]],
     control: tuple[float, float] | None,
     spread: float | None = None,
+    untrained: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
   """Where each arm lands against the fixed-batch frontier, and against the control.
 
@@ -54,6 +55,8 @@ def verdict(
     arms: ``(steps, loss)`` of the arms to judge, by name.
     control: ``(steps, loss)`` of the control, or None.
     spread: the seed-to-seed spread (:func:`seed_spread`), None with one seed.
+    untrained: the arms whose loss did not fall below their first evaluation's
+      (training blew up): no arm is judged then.
 
   Returns:
     For each arm: ``frontier_loss`` (:func:`frontier_loss_at` the arm's
@@ -63,7 +66,8 @@ def verdict(
     with one seed), ``on``
     within it, ``outside`` the frontier's range, ``no frontier`` with fewer
     than two fixed arms, ``not finite`` where the arm's loss or the
-    frontier's there is not (a run diverged); ``step_ratio`` (the arm's
+    frontier's there is not (a run diverged), ``did not train`` where any arm
+    is ``untrained``; ``step_ratio`` (the arm's
     steps over the control's) and ``near_control``: whether the arm is within
     :data:`NEAR_CONTROL_NATS` of the control's loss with at most
     :data:`FEW_STEPS_RATIO` times its steps.
@@ -73,7 +77,9 @@ def verdict(
     at = frontier_loss_at(frontier, steps)
     margin = None if at is None else at - loss
     bar = ONE_SEED_NOISE if spread is None else spread
-    if len(frontier) < 2:
+    if untrained:
+      position = 'did not train'
+    elif len(frontier) < 2:
       position = 'no frontier'
     elif margin is None:
       position = 'outside'
@@ -99,6 +105,7 @@ def verdict(
         'step_ratio': ratio,
         'vs_control': None if control is None else loss - control[1],
         'near_control': near,
+        'untrained': list(untrained),
     }
   return out
 
@@ -124,12 +131,17 @@ def verdict_line(verdicts: Mapping[str, Mapping[str, Any]], label: str = '') -> 
       where = f'outside the frontier at {steps}'
     elif v['position'] == 'not finite':
       where = f"no verdict at {steps}: its loss or the frontier's is not finite (a run diverged)"
+    elif v['position'] == 'did not train':
+      where = (
+          f"no verdict at {steps}: {', '.join(v['untrained'])} ended no lower than at the "
+          'first evaluation (training blew up; try a lower --lr)'
+      )
     elif v['position'] == 'on':
       noise = 'the spread' if v['spread'] is not None else "one seed's noise"
       where = f"on the frontier at {steps}: margin {v['margin']:+.3f}, within {noise}"
     else:
       where = f"{v['position']} the frontier at {steps}: margin {v['margin']:+.3f}"
-    if v['step_ratio'] is not None and v['position'] != 'not finite':
+    if v['step_ratio'] is not None and v['position'] not in ('not finite', 'did not train'):
       where += (
           f"; {v['step_ratio']:.2f}x the control's steps, {v['vs_control']:+.3f} nats vs the "
           f"control ({'meets' if v['near_control'] else 'misses'} the "
@@ -156,12 +168,16 @@ def summarize(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[di
 
   The verdict is taken on the means, against the seed spread; each adaptive
   arm's verdict also lists ``seed_margins``, its margin in every seed against
-  that seed's own frontier (a paired view the spread does not need).
+  that seed's own frontier (a paired view the spread does not need). Only the
+  seeds in which every arm finished count (a run cut short would otherwise
+  average the frontier over more seeds than the arm it judges).
   """
   out = []
   for size in dict.fromkeys(r['size'] for r in runs):
     group = [r for r in runs if r['size'] == size]
     finished = [a for a in arms if any(a in r['arms'] for r in group)]
+    group = [r for r in group if all(a in r['arms'] for a in finished)] or group[:1]
+    finished = [a for a in finished if a in group[0]['arms']]
     per_arm, losses = {}, {}
     for a in finished:
       summaries = [r['arms'][a]['summary'] for r in group if a in r['arms']]
@@ -186,7 +202,17 @@ def summarize(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[di
     judged = {
         a: (per_arm[a]['steps'], per_arm[a]['val_loss']) for a in finished if a not in FRONTIER
     }
-    verdicts = verdict(frontier, judged, control, spread)
+    untrained = [  # ended no lower than at the first evaluation, in some seed
+        a
+        for a in finished
+        if any(
+            not r['arms'][a]['summary']['val_loss']
+            < r['arms'][a]['summary'].get('initial_val_loss', math.inf)
+            for r in group
+        )
+        and all(math.isfinite(r['arms'][a]['summary']['val_loss']) for r in group)
+    ]
+    verdicts = verdict(frontier, judged, control, spread, untrained)
     for a, v in verdicts.items():  # each seed's margin against its own frontier
       v['seed_margins'] = [_margin(r['arms'], a) for r in group if a in r['arms']]
     seeds = sorted({r['seed'] for r in group})

@@ -34,6 +34,7 @@ BAD_INPUTS = [
     (['--seeds', str(10**20)], '--seeds'),
     (['--out', '{tmp}/file/sub'], '--out'),
     (['--out', '{tmp}/file'], '--out'),
+    (['--out', '/proc'], '--out'),  # writable to os.access as root; the run failed at the end
     (['--lr', '-1'], '--lr'),
     (['--lr', 'nan'], '--lr'),
     (['--layers', '-1'], '--layers'),

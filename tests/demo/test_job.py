@@ -160,6 +160,25 @@ def test_ctrl_c_keeps_the_arms_that_finished(quick, tmp_path, monkeypatch, capsy
   assert 'interrupted' in capsys.readouterr().err
 
 
+def test_a_figure_that_fails_leaves_the_results(quick, tmp_path, monkeypatch, capsys):
+  # Without matplotlib (flax from the examples extra), the figure came first and took the
+  # table and results.json with it, after all the training.
+  payload, _, _ = quick
+  monkeypatch.setattr(job, 'run_arm', lambda name, *args: payload['runs'][0]['arms'][name])
+
+  def no_matplotlib(*args):
+    raise ModuleNotFoundError("No module named 'matplotlib'")
+
+  monkeypatch.setattr(job, 'plot_curves', no_matplotlib)
+  demo.main(['--quick', '--no-progress', '--out', str(tmp_path)])
+  saved = json.loads((tmp_path / 'results.json').read_text())
+  assert saved['verdict_lines'] == payload['verdict_lines'] and 'seconds' in saved
+  assert (tmp_path / 'table.txt').read_text().splitlines()[2].startswith('control')
+  assert not (tmp_path / 'curves.png').exists()
+  captured = capsys.readouterr()
+  assert 'could not draw' in captured.err and 'curves.png' not in captured.out.splitlines()[-1]
+
+
 def test_ctrl_c_before_any_arm_finished_writes_nothing(tmp_path, monkeypatch, capsys):
   def interrupt(*args):
     raise KeyboardInterrupt

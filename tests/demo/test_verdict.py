@@ -99,6 +99,50 @@ def test_a_diverged_run_gets_no_verdict():
     assert 'no verdict' in line and 'on the frontier' not in line and 'nan' not in line
 
 
+def summary_run(seed, losses, initial=None):
+  """A seed's run record, as ``run_arm`` returns its arms: ``{arm: (steps, loss)}``."""
+  records = {
+      a: {'summary': {'val_loss': v, 'steps': s, 'draws_per_step': 1000 / s}}
+      for a, (s, v) in losses.items()
+  }
+  for a in records.values():
+    a['summary'].update(num_forced=0, seconds=1.0, noise_scale=None)
+    if initial is not None:
+      a['summary']['initial_val_loss'] = initial
+  return {'size': '8x1', 'seed': seed, 'arms': records}
+
+
+def test_a_run_whose_loss_ends_no_lower_than_it_began_gets_no_verdict():
+  # lr too high: every arm ended above its first evaluation (5.96), finite. It read as
+  # "below the frontier: margin +1.06".
+  blown = {'control': (184, 20.9), 'fixed2': (92, 14.2), 'fixed4': (46, 28.3)}
+  run = summary_run(0, {**blown, 'critical': (23 * 3, 16.7)}, initial=5.96)
+  (summary,) = verdict.summarize([run], ['control', 'fixed2', 'fixed4', 'critical'])
+  v = summary['verdict']['critical']
+  assert v['position'] == 'did not train' and v['untrained'] == [
+      'control',
+      'fixed2',
+      'fixed4',
+      'critical',
+  ]
+  line = summary['verdict_line'].splitlines()[1]
+  assert 'no verdict' in line and 'below' not in line and 'lower --lr' in line
+  # One arm that trained among them is judged no more than the rest.
+  run = summary_run(0, {**blown, 'critical': (69, 3.0)}, initial=5.96)
+  (summary,) = verdict.summarize([run], ['control', 'fixed2', 'fixed4', 'critical'])
+  assert summary['verdict']['critical']['untrained'] == ['control', 'fixed2', 'fixed4']
+
+
+def test_a_seed_cut_short_is_left_out_of_the_summary():
+  # Ctrl-C in seed 1 after its fixed arms: their means took seeds 0 and 1, the arm's seed 0.
+  done = summary_run(0, {'control': (1000, 1.80), 'fixed2': (500, 1.90), 'critical': (700, 1.80)})
+  cut = summary_run(1, {'control': (1000, 1.70), 'fixed2': (500, 1.85)})
+  (summary,) = verdict.summarize([done, cut], ['control', 'fixed2', 'critical'])
+  assert summary['seeds'] == [0] and summary['spread'] is None
+  assert summary['arms']['control']['val_loss'] == pytest.approx(1.80)
+  assert summary['verdict_line'].startswith('verdict (8x1, seed 0)')
+
+
 def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
   def run(seed, losses):
     records = {
