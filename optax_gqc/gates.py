@@ -374,6 +374,12 @@ def critical_batch(
     <https://arxiv.org/abs/2505.23971>`_, 2025
   """
   _checks.check_scalar_or_schedule('fraction', fraction, positive=True)
+  if isinstance(microbatch_size, jax.core.Tracer):  # its bounds are set here, in Python
+    raise TypeError(
+        'critical_batch needs a concrete microbatch_size (the gate of gnts by default): '
+        'inject_hyperparams traced it. List it as static: '
+        "optax.inject_hyperparams(f, static_args=('microbatch_size',))"
+    )
   _checks.check_positive_int('microbatch_size', microbatch_size)
   lower = microbatch_size if min_batch_size is None else min_batch_size
   _checks.check_positive_int('min_batch_size', lower)

@@ -610,6 +610,16 @@ AT_CONSTRUCTION = {
 
 
 AT_FIRST_TRACE = {
+    'traced microbatch_size of the default gnts': (
+        lambda: first_update(
+            optax.inject_hyperparams(
+                lambda microbatch_size: optax_gqc.gnts(sgd(), microbatch_size=microbatch_size)
+            )(microbatch_size=8)
+        ),
+        TypeError,
+        'concrete microbatch_size',
+        r"static_args=\('microbatch_size',\)",
+    ),
     'scale_by_draws returning an array': (
         lambda: first_update(
             optax_gqc.sbc(sgd(), 2, 1, scale_by_draws=lambda n: jnp.stack([n, n]))
