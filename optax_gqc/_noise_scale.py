@@ -255,6 +255,12 @@ def noise_scale(
     <https://arxiv.org/abs/1812.06162>`_, 2018
   """
   _checks.check_unit_interval('decay', decay)
+  if axis_name is None or axis_name == ():
+    raise ValueError(
+        "noise_scale needs the data-parallel axis_name: it compares each device's gradient "
+        'with their mean over that axis. On one device, the noise scale of an accumulation '
+        '(optax_gqc.statistics of gnts, sbc, ...) needs none'
+    )
   if microbatch_size is not None:
     _checks.check_positive_int('microbatch_size', microbatch_size)
   batch = 1.0 if microbatch_size is None else float(microbatch_size)

@@ -584,6 +584,12 @@ AT_CONSTRUCTION = {
         'leading axis',
         r"'b': 4",
     ),
+    'noise_scale without an axis': (
+        lambda: optax_gqc.noise_scale(axis_name=None),
+        ValueError,
+        'axis_name',
+        r'noise scale of an accumulation',
+    ),
     'an anneal with no end': (
         lambda: optax_gqc.schedules.cosine_with_warmup(1.0, 0.0, 10, None),
         ValueError,
