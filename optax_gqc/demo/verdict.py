@@ -63,12 +63,11 @@ def verdict(
     steps, None outside the frontier), ``margin`` (frontier minus arm:
     positive is below the frontier, better), ``position``: ``below`` or
     ``above`` when ``|margin|`` exceeds the spread (:data:`ONE_SEED_NOISE`
-    with one seed), ``on``
-    within it, ``outside`` the frontier's range, ``no frontier`` with fewer
-    than two fixed arms, ``not finite`` where the arm's loss or the
-    frontier's there is not (a run diverged), ``did not train`` where any arm
-    is ``untrained``; ``step_ratio`` (the arm's
-    steps over the control's) and ``near_control``: whether the arm is within
+    with one seed), ``on`` within it, ``outside`` the frontier's range, ``no
+    frontier`` with fewer than two fixed arms, ``not finite`` where the arm's
+    loss or the frontier's there is not (a run diverged), ``did not train``
+    where any arm is ``untrained``; ``step_ratio`` (the arm's steps over the
+    control's) and ``near_control``: whether the arm is within
     :data:`NEAR_CONTROL_NATS` of the control's loss with at most
     :data:`FEW_STEPS_RATIO` times its steps.
   """
