@@ -357,6 +357,8 @@ def accumulate(
     )
     new_state = _count(state, stats, ok, stepped, forced, max_draws, noise_decay)
     new_state = new_state._replace(gate_state=optax.tree.where(ok, gate_state, state.gate_state))
+    if isinstance(microbatch_size, jax.Array):  # injected: it may change between updates
+      new_state = new_state._replace(microbatch_size=jnp.asarray(microbatch_size, jnp.int32))
     # The new scalars in one kernel (see _numerics.one_kernel); the inner state
     # and the accumulator are left out, as the cond and the write return them.
     buffers = dict(inner_state=None, accumulator=None)

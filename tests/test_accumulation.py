@@ -307,8 +307,14 @@ def test_max_draws_injected_and_changed_mid_run():
 def test_microbatch_size_injected_under_jitted_init(make):
   tx = make()
   state = jax.jit(tx.init)(PARAMS)
-  _, state = jax.jit(tx.update)(grad_stream(1)[0], state, PARAMS)
+  update = jax.jit(tx.update)
+  _, state = update(grad_stream(1)[0], state, PARAMS)
   assert int(optax_gqc.statistics(state)['microbatch_size']) == 4
+  # Changed mid-run, it is the size statistics reports (and converts the noise scale by):
+  # the state kept init's.
+  state.hyperparams['microbatch_size'] = jnp.asarray(16, jnp.int32)
+  _, state = update(grad_stream(1)[0], state, PARAMS)
+  assert int(optax_gqc.statistics(state)['microbatch_size']) == 16
 
 
 def test_flax_nnx_optimizer_under_nnx_jit():
