@@ -31,7 +31,9 @@ def run_all(args, data, run_plan, runs: list) -> None:
   for size in args.sizes:
     model = CharTransformer(size[0], size[1], args.heads, args.context, nnx.Rngs(0))
     parameters = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    train = None
     for seed in args.seeds:
+      del train  # the last seed's microbatches, freed before these are sampled
       train = sample_batches(data[:split], run_plan.count, args.microbatch, args.context, seed)
       print(f'model {size_name(size)} ({parameters / 1e6:.2f}M parameters), seed {seed}')
       run = {'size': size_name(size), 'parameters': parameters, 'seed': seed, 'arms': {}}
@@ -41,6 +43,13 @@ def run_all(args, data, run_plan, runs: list) -> None:
         if args.max_draws is not None and 'max_draws' in spec:
           spec['max_draws'] = args.max_draws
         run['arms'][name] = run_arm(name, spec, args, size, seed, train, val, run_plan)
+
+
+def _write(path: Path, text: str) -> None:
+  """Writes ``path`` whole or not at all (a full disk leaves the earlier file as it was)."""
+  partial = path.with_name(path.name + '.partial')
+  partial.write_text(text)
+  partial.replace(path)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -89,15 +98,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   train_s = sum(a['seconds'] for a in arm_summaries)
   compile_s = sum(a['compile_seconds'] for a in arm_summaries)
   # The results first: a figure that fails must not take them with it.
-  (out / 'table.txt').write_text('\n'.join(lines))
-  (out / 'results.json').write_text(json.dumps(payload, indent=1))
+  _write(out / 'table.txt', '\n'.join(lines))
+  _write(out / 'results.json', json.dumps(payload, indent=1))
   print('\n' + '\n'.join(lines[:-1]))
-  (out / 'study.png').unlink(missing_ok=True)  # an earlier --study run's would read as this run's
-  figures = [('curves.png', lambda path: plot_curves(first, path))]
+  figures = {'curves.png': lambda path: plot_curves(first, path)}
   if args.study:
-    figures.append(('study.png', lambda path: plot_study(runs, summaries, path)))
+    figures['study.png'] = lambda path: plot_study(runs, summaries, path)
   written = ['table.txt', 'results.json']
-  for name, draw in figures:
+  for name in ('curves.png', 'study.png'):  # an earlier run's would read as this run's
+    (out / name).unlink(missing_ok=True)
+  for name, draw in figures.items():
     try:
       draw(out / name)
       written.append(name)
@@ -106,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   # Since main began: the arms, and the rest (the text, each model's first build, the plots).
   total_s = time.perf_counter() - start
   payload['seconds'] = {'training': train_s, 'compiling': compile_s, 'total': total_s}
-  (out / 'results.json').write_text(json.dumps(payload, indent=1))  # again, with the time
+  _write(out / 'results.json', json.dumps(payload, indent=1))  # again, with the time
   print(
       f'time: {train_s:.0f} s training, {compile_s:.0f} s compiling (and the first evaluation): '
       f'{compile_s / max(train_s + compile_s, 1e-9):.0%} compiling; {total_s:.0f} s in all '

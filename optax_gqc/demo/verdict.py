@@ -55,8 +55,9 @@ def verdict(
     arms: ``(steps, loss)`` of the arms to judge, by name.
     control: ``(steps, loss)`` of the control, or None.
     spread: the seed-to-seed spread (:func:`seed_spread`), None with one seed.
-    untrained: the arms whose loss did not fall below their first evaluation's
-      (training blew up): no arm is judged then.
+    untrained: the fixed arms whose loss did not fall below their first
+      evaluation's (training blew up): with no frontier to trust, no arm is
+      judged. (An adaptive arm that blew up is judged: above the frontier.)
 
   Returns:
     For each arm: ``frontier_loss`` (:func:`frontier_loss_at` the arm's
@@ -66,7 +67,7 @@ def verdict(
     with one seed), ``on`` within it, ``outside`` the frontier's range, ``no
     frontier`` with fewer than two fixed arms, ``not finite`` where the arm's
     loss or the frontier's there is not (a run diverged), ``did not train``
-    where any arm is ``untrained``; ``step_ratio`` (the arm's steps over the
+    where a fixed arm is ``untrained``; ``step_ratio`` (the arm's steps over the
     control's) and ``near_control``: whether the arm is within
     :data:`NEAR_CONTROL_NATS` of the control's loss with at most
     :data:`FEW_STEPS_RATIO` times its steps.
@@ -201,10 +202,11 @@ def summarize(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[di
     judged = {
         a: (per_arm[a]['steps'], per_arm[a]['val_loss']) for a in finished if a not in FRONTIER
     }
-    untrained = [  # ended no lower than at the first evaluation, in some seed
+    untrained = [  # fixed arms that ended no lower than at the first evaluation, in some seed
         a
         for a in finished
-        if any(
+        if a in FRONTIER
+        and any(
             not r['arms'][a]['summary']['val_loss']
             < r['arms'][a]['summary'].get('initial_val_loss', math.inf)
             for r in group

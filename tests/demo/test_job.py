@@ -170,6 +170,7 @@ def test_a_figure_that_fails_leaves_the_results(quick, tmp_path, monkeypatch, ca
     raise ModuleNotFoundError("No module named 'matplotlib'")
 
   monkeypatch.setattr(job, 'plot_curves', no_matplotlib)
+  (tmp_path / 'curves.png').write_bytes(b'an earlier run')  # would read as this run's
   demo.main(['--quick', '--no-progress', '--out', str(tmp_path)])
   saved = json.loads((tmp_path / 'results.json').read_text())
   assert saved['verdict_lines'] == payload['verdict_lines'] and 'seconds' in saved

@@ -119,18 +119,18 @@ def test_a_run_whose_loss_ends_no_lower_than_it_began_gets_no_verdict():
   run = summary_run(0, {**blown, 'critical': (23 * 3, 16.7)}, initial=5.96)
   (summary,) = verdict.summarize([run], ['control', 'fixed2', 'fixed4', 'critical'])
   v = summary['verdict']['critical']
-  assert v['position'] == 'did not train' and v['untrained'] == [
-      'control',
-      'fixed2',
-      'fixed4',
-      'critical',
-  ]
+  assert v['position'] == 'did not train' and v['untrained'] == ['control', 'fixed2', 'fixed4']
   line = summary['verdict_line'].splitlines()[1]
   assert 'no verdict' in line and 'below' not in line and 'lower --lr' in line
-  # One arm that trained among them is judged no more than the rest.
+  # An arm that trained is not judged against a frontier that did not.
   run = summary_run(0, {**blown, 'critical': (69, 3.0)}, initial=5.96)
   (summary,) = verdict.summarize([run], ['control', 'fixed2', 'fixed4', 'critical'])
-  assert summary['verdict']['critical']['untrained'] == ['control', 'fixed2', 'fixed4']
+  assert summary['verdict']['critical']['position'] == 'did not train'
+  # An adaptive arm that blew up beside a frontier that trained is judged: above it.
+  trained = {'control': (184, 2.0), 'fixed2': (92, 2.1), 'fixed4': (46, 2.3)}
+  run = summary_run(0, {**trained, 'critical': (69, 7.0)}, initial=5.96)
+  (summary,) = verdict.summarize([run], ['control', 'fixed2', 'fixed4', 'critical'])
+  assert summary['verdict']['critical']['position'] == 'above'
 
 
 def test_a_seed_cut_short_is_left_out_of_the_summary():
