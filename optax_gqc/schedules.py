@@ -18,13 +18,13 @@ on, and agree with it on :math:`[0, M]`.
 This module is a leaf: it imports nothing else of optax_gqc.
 """
 
-import math
 import numbers
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from optax_gqc import _checks
@@ -39,18 +39,26 @@ __all__ = [
 ]
 
 
-def _check_steps(warmup_steps: int, *total_steps: int) -> None:
+def _check_steps(warmup_steps: int, total_steps: int) -> None:
+  """An anneal's counts: its warmup, and its end, which it needs."""
   _checks.check_count('warmup_steps', warmup_steps)
-  for total in total_steps:  # an anneal's end, which it needs
-    _checks.check_count('total_steps', total)
+  _checks.check_count('total_steps', total_steps)
 
 
 def _check_values(**values: Any) -> None:
-  """Raises unless each constant value is a finite real scalar; traced values pass."""
+  """Raises unless each value is a real number, or an array of them, all finite.
+
+  Traced values pass.
+  """
   for name, value in values.items():
-    v = _checks.concrete_float(name, value)
-    if v is not None and not math.isfinite(v):
-      raise ValueError(f'{name} must be finite, got {v}')
+    if isinstance(value, jax.core.Tracer):
+      continue
+    if isinstance(value, bool) or not isinstance(
+        value, numbers.Real | np.ndarray | np.generic | jax.Array
+    ):
+      raise TypeError(f'{name} must be a number (or an array of them), got {value!r}')
+    if not np.all(np.isfinite(np.asarray(value))):
+      raise ValueError(f'{name} must be finite, got {value}')
 
 
 def _check_power(power: float) -> None:
@@ -128,7 +136,7 @@ def constant_with_warmup(value: float, warmup_steps: int) -> optax.Schedule:
 
   Mirrors torch-schedule-anything's ``constant_with_warmup``.
   """
-  _check_steps(warmup_steps)
+  _checks.check_count('warmup_steps', warmup_steps)
   _check_values(value=value)
   return _schedule(warmup_steps, None, _warm(value), lambda p: value + 0.0 * p)
 
@@ -140,7 +148,7 @@ def constant_with_inverse_warmup(
 
   Mirrors torch-schedule-anything's ``constant_with_inverse_warmup``.
   """
-  _check_steps(warmup_steps)
+  _checks.check_count('warmup_steps', warmup_steps)
   _check_values(value=value)
   return _schedule(
       warmup_steps, None, _inverse_warm(value, warmup_multiplier), lambda p: value + 0.0 * p

@@ -109,3 +109,18 @@ def test_a_power_below_zero_or_not_a_number_raises(power):
   for make in (schedules.polynomial_with_warmup, schedules.polynomial_with_inverse_warmup):
     with pytest.raises(ValueError, match='power must be a number >= 0'):
       make(1.0, 0.1, 2, 10, power=power)
+
+
+def test_values_may_be_arrays_or_traced_but_not_nan_or_strings():
+  both = schedules.cosine_with_warmup(jnp.array([1.0, 2.0]), 0.0, 10, 100)(50)
+  each = [schedules.cosine_with_warmup(v, 0.0, 10, 100)(50) for v in (1.0, 2.0)]
+  np.testing.assert_array_equal(both, each)
+  traced = jax.jit(lambda v: schedules.constant_with_warmup(v, 10)(20))(3.0)
+  assert float(traced) == 3.0
+  for bad, error in ((math.nan, ValueError), (jnp.array([1.0, math.inf]), ValueError)):
+    with pytest.raises(error, match='peak_value must be finite'):
+      schedules.cosine_with_warmup(bad, 0.0, 10, 100)
+  with pytest.raises(TypeError, match='value must be a number'):
+    schedules.constant_with_warmup('abc', 10)
+  with pytest.raises(ValueError, match='total_steps must be an int >= 0, got None'):
+    schedules.polynomial_with_warmup(1.0, 0.0, 10, None)
