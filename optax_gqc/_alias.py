@@ -157,11 +157,13 @@ def gnts(
   if noise_following:
     size = 1 if microbatch_size is None else microbatch_size
     _checks.check_positive_int('microbatch_size', size, ', or None')
-    if not isinstance(size, jax.core.Tracer) and 2 * size > _checks.INT32_MAX:
-      raise ValueError(
-          f'microbatch_size must be below 2**30 here, got {size}: the default gate waits for '
-          'two microbatches, a batch it keeps as an int32'
-      )
+    if not isinstance(size, jax.core.Tracer):
+      size = int(size)  # 2 * size: not in a NumPy int32, which wraps
+      if 2 * size > _checks.INT32_MAX:
+        raise ValueError(
+            f'microbatch_size must be below 2**30 here, got {size}: the default gate waits '
+            'for two microbatches, a batch it keeps as an int32'
+        )
     gate = gates.critical_batch(
         0.5 if fraction is None else fraction, size, min_batch_size=2 * size
     )

@@ -566,6 +566,12 @@ AT_CONSTRUCTION = {
         'microbatch_size',
         r'below 2\*\*30',
     ),
+    'gnts NumPy int32 microbatch_size of 2**30': (
+        lambda: optax_gqc.gnts(sgd(), microbatch_size=np.int32(2**30)),
+        ValueError,
+        'microbatch_size',
+        r'below 2\*\*30',
+    ),
     'NumPy probe_every over int32': (
         lambda: gates.critical_batch(0.5, 4, probe_every=np.int64(2**31)),
         ValueError,
