@@ -222,12 +222,17 @@ def _number(x, spec, unit=''):
   return '-' if x is None else format(x, spec) + unit
 
 
+def _complete(margin: dict[str, Any], seeds: int) -> bool:
+  """Whether a task's margins cover the protocol: every seed has one, and there are enough."""
+  return margin['n'] == seeds >= MIN_SEEDS
+
+
 def _targets(task: str, arm: dict[str, Any] | None, seeds: int) -> dict[str, bool]:
   """The default arm's targets on one task; a seed with no margin misses them."""
   if arm is None:
     return {f'{task}: gnts was run': False}
   m, ratio = arm['margin'], arm['step_ratio']
-  every = m['n'] == seeds
+  every = _complete(m, seeds)
   return {
       f'{task}: {MIN_SEEDS} seeds or more': seeds >= MIN_SEEDS,
       f'{task}: mean margin >= {MIN_MEAN_MARGIN}': every and m['mean'] >= MIN_MEAN_MARGIN,
@@ -262,7 +267,7 @@ def report(out: Path, tasks) -> int:
         + ' | '.join(_cell(r['arms'][x]) if x in r['arms'] else '-' for x in REPORT_ARMS[1:])
         + ' |'
     )
-    below += m['n'] == seeds and m['low'] is not None and m['low'] > 0
+    below += _complete(m, seeds) and m['low'] is not None and m['low'] > 0
   checks[f'>= {MIN_TASKS_BELOW} tasks below the frontier (interval above 0)'] = (
       below >= MIN_TASKS_BELOW
   )
@@ -309,7 +314,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--tasks', default='lm,lm-small,teacher,digits')
   parser.add_argument('--seeds', default='0,1,2')
-  parser.add_argument('--ks', default='1,2,4,8,16,32')
+  parser.add_argument('--ks', default='1,2,3,4,6,8,12,16,24,32')
   parser.add_argument('--arms', default=None, help='comma-separated subset of the arms')
   parser.add_argument('--evals', type=int, default=4)
   parser.add_argument('--out', default=None, help='folder for <task>.json')

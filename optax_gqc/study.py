@@ -265,7 +265,7 @@ def frontier_study(
     eval_batches: Any,
     arms: Mapping[str, Arm],
     learning_rates: Sequence[float],
-    ks: Sequence[int] = (1, 2, 4, 8),
+    ks: Sequence[int] = (1, 2, 3, 4, 6, 8),
     seeds: Sequence[int] = (0, 1, 2),
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
     optimizer_kwargs: Mapping[str, Any] | None = None,
@@ -293,6 +293,9 @@ def frontier_study(
       microbatches (:func:`optax_gqc.schedule_by_microbatch`).
     learning_rates: the grid of peak learning rates; every arm runs at each.
     ks: the frontier's microbatches per step; must include 1, the control.
+      The margins read the frontier as straight lines in log steps between
+      its points, and a frontier curves: points a factor of 2 apart flatter
+      an arm between them (docs/study.md), hence 3 and 6 by default.
     seeds: the seeds; each has its own frontier. Several need ``params``,
       ``microbatches`` or ``eval_batches`` to be a function of the seed:
       otherwise every seed would run the same, and the intervals would read

@@ -302,7 +302,9 @@ def test_suite_runs_a_task_and_its_report_exits_on_the_targets(load, tmp_path, c
   for name, margins in {'a': [0.05, 0.051], 'b': [0.03, 0.031]}.items():
     (tmp_path / f'{name}.json').write_text(json.dumps(fake(margins, 0.3)))
   assert suite.report(tmp_path, ['a', 'b']) == 1
-  assert 'MISS  a: 5 seeds or more' in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert 'MISS  a: 5 seeds or more' in out and 'MISS  a: mean margin' in out
+  assert 'MISS  >= 2 tasks below the frontier' in out
   (tmp_path / 'b.json').write_text(json.dumps({**fake([0.01], 0.4), 'arms': {}}))
   assert suite.report(tmp_path, ['a', 'b']) == 1
   assert 'MISS  b: gnts was run' in capsys.readouterr().out
