@@ -31,9 +31,7 @@ def run_all(args, data, run_plan, runs: list) -> None:
   for size in args.sizes:
     model = CharTransformer(size[0], size[1], args.heads, args.context, nnx.Rngs(0))
     parameters = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    train = None
     for seed in args.seeds:
-      del train  # the last seed's microbatches, freed before these are sampled
       train = sample_batches(data[:split], run_plan.count, args.microbatch, args.context, seed)
       print(f'model {size_name(size)} ({parameters / 1e6:.2f}M parameters), seed {seed}')
       run = {'size': size_name(size), 'parameters': parameters, 'seed': seed, 'arms': {}}
@@ -43,6 +41,7 @@ def run_all(args, data, run_plan, runs: list) -> None:
         if args.max_draws is not None and 'max_draws' in spec:
           spec['max_draws'] = args.max_draws
         run['arms'][name] = run_arm(name, spec, args, size, seed, train, val, run_plan)
+      del train  # freed before the next seed's microbatches are sampled
 
 
 def _write(path: Path, text: str) -> None:
