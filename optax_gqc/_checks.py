@@ -24,6 +24,13 @@ INJECTED_FUNCTION = (
 )
 
 
+def is_number(value: Any) -> bool:
+  """Whether ``value`` is a real number or an array of them (a bool is not one)."""
+  return not isinstance(value, bool) and isinstance(
+      value, numbers.Real | np.ndarray | np.generic | jax.Array
+  )
+
+
 def concrete_float(name: str, value: Any, *, schedule: bool = False) -> float | None:
   """`value` as a float, or None when it is traced (inside `inject_hyperparams`).
 
@@ -31,9 +38,7 @@ def concrete_float(name: str, value: Any, *, schedule: bool = False) -> float | 
   """
   if isinstance(value, jax.core.Tracer):
     return None
-  if isinstance(value, bool) or not isinstance(
-      value, numbers.Real | np.ndarray | np.generic | jax.Array
-  ):
+  if not is_number(value):
     if schedule:
       raise TypeError(
           f'{name} must be a number or a schedule (a function of the step count), '

@@ -53,9 +53,7 @@ def _check_values(**values: Any) -> None:
   for name, value in values.items():
     if isinstance(value, jax.core.Tracer):
       continue
-    if isinstance(value, bool) or not isinstance(
-        value, numbers.Real | np.ndarray | np.generic | jax.Array
-    ):
+    if not _checks.is_number(value):
       raise TypeError(f'{name} must be a number (or an array of them), got {value!r}')
     if not np.all(np.isfinite(np.asarray(value))):
       raise ValueError(f'{name} must be finite, got {value}')
