@@ -64,8 +64,9 @@ def verdict(
     steps, None outside the frontier), ``margin`` (frontier minus arm:
     positive is below the frontier, better), ``position``: ``below`` or
     ``above`` when ``|margin|`` exceeds the spread (:data:`ONE_SEED_NOISE`
-    with one seed), ``on`` within it, ``outside`` the frontier's range, ``no
-    frontier`` with fewer than two fixed arms, ``not finite`` where the arm's
+    with one seed), both rounded to the 3 decimals printed, ``on`` within
+    it, ``outside`` the frontier's range, ``no frontier`` with fewer than
+    two fixed arms, ``not finite`` where the arm's
     loss or the frontier's there is not (a run diverged), ``did not train``
     where a fixed arm is ``untrained``; ``step_ratio`` (the arm's steps over the
     control's) and ``near_control``: whether the arm is within
@@ -85,9 +86,9 @@ def verdict(
       position = 'outside'
     elif not math.isfinite(margin):
       position = 'not finite'
-    elif margin > bar:
+    elif round(margin, 3) > round(bar, 3):  # as printed: no "below ... +0.030" at a 0.03 bar
       position = 'below'
-    elif margin < -bar:
+    elif round(margin, 3) < -round(bar, 3):
       position = 'above'
     else:
       position = 'on'
@@ -142,10 +143,12 @@ def verdict_line(verdicts: Mapping[str, Mapping[str, Any]], label: str = '') -> 
     else:
       where = f"{v['position']} the frontier at {steps}: margin {v['margin']:+.3f}"
     if v['step_ratio'] is not None and v['position'] not in ('not finite', 'did not train'):
-      where += (
-          f"; {v['step_ratio']:.2f}x the control's steps, {v['vs_control']:+.3f} nats vs the "
-          f"control ({'meets' if v['near_control'] else 'misses'} the "
-          f'{NEAR_CONTROL_NATS} nats / {FEW_STEPS_RATIO}x bar)'
+      meets = 'meets' if v['near_control'] else 'misses'
+      where += f"; {v['step_ratio']:.2f}x the control's steps, " + (
+          f"{v['vs_control']:+.3f} nats vs the control ({meets} the {NEAR_CONTROL_NATS} nats / "
+          f'{FEW_STEPS_RATIO}x bar)'
+          if math.isfinite(v['vs_control'])
+          else "no comparison with the control's loss (its loss or the arm's is not finite)"
       )
     lines.append(f'  {name}: {where}')
   return '\n'.join(lines)

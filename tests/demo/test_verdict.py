@@ -69,6 +69,26 @@ def test_below_the_frontier_needs_a_margin_beyond_the_seed_spread():
   assert 'within the spread' in verdict.verdict_line({'a': within})
 
 
+def test_the_position_agrees_with_the_margin_printed():
+  # 2.00 - 1.97 is 0.030000000000000027 in floats: it read "below" with "margin +0.030" at the
+  # 0.03 bar of one seed.
+  v = verdict.verdict(FRONTIER, {'a': (250, 1.97)}, None)['a']
+  assert v['margin'] > verdict.ONE_SEED_NOISE and f"{v['margin']:+.3f}" == '+0.030'
+  assert v['position'] == 'on'
+  v = verdict.verdict(FRONTIER, {'a': (500, 1.8698)}, None, spread=0.0298)['a']
+  assert v['position'] == 'on'  # +0.030 against a spread printed as 0.030
+  v = verdict.verdict(FRONTIER, {'a': (500, 1.8694)}, None, spread=0.0304)['a']
+  assert v['position'] == 'below'  # +0.031 against 0.030
+
+
+def test_a_control_that_is_not_finite_gets_no_comparison():
+  frontier = [(1000, math.nan), (500, 1.90), (250, 2.00)]
+  v = verdict.verdict(frontier, {'a': (300, 1.80)}, (1000, math.nan))
+  line = verdict.verdict_line(v)
+  assert v['a']['position'] == 'below' and not v['a']['near_control']
+  assert 'nan' not in line and "no comparison with the control's loss" in line
+
+
 def test_frontier_points_are_the_fixed_arms_in_order_of_k():
   summaries = {
       'critical': {'steps': 300, 'val_loss': 1.7},
