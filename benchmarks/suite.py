@@ -195,6 +195,11 @@ def arms() -> dict[str, study.Arm]:
       'gnts-f0.25': functools.partial(optax_gqc.gnts, fraction=0.25),
       'gnts-f1': functools.partial(optax_gqc.gnts, fraction=1.0),
       'gnts-unscaled': functools.partial(optax_gqc.gnts, scale_by_draws=None),
+      # McCandlish's 1 / (1 + B / n) under a square root, sqrt((1 + B) / (1 + B / n)) over one
+      # microbatch's rate, with the gate's n = B / 2: sqrt((1 + 2 n) / 3), 0.82 sqrt(n) at large n.
+      'gnts-mccandlish': functools.partial(
+          optax_gqc.gnts, scale_by_draws=lambda n: sqrt((1.0 + 2.0 * n) / 3.0)
+      ),
       'normtest-sqrt': lambda inner: optax_gqc.norm_test_accumulation(
           inner, 0.8, scale_by_draws=sqrt
       ),
