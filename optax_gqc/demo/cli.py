@@ -208,7 +208,7 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
   add(
       '--max-draws',
       metavar='N',
-      type=_int_at_least(2),  # 1 would make every adaptive arm the control
+      type=_int_at_least(2),  # 1 would make each arm it caps step as the control does
       default=None,
       help='the most microbatches per step of the arms that have a limit (default: '
       "each arm's max_draws in ARMS: critical 32, gnts 64, relative 32, seesaw 16)",

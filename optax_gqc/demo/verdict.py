@@ -64,14 +64,15 @@ def verdict(
     steps, None outside the frontier), ``margin`` (frontier minus arm:
     positive is below the frontier, better), ``position``: ``below`` or
     ``above`` when ``|margin|`` exceeds the spread (:data:`ONE_SEED_NOISE`
-    with one seed), both rounded to the 3 decimals printed, ``on`` within
-    it, ``outside`` the frontier's range, ``no frontier`` with fewer than
-    two fixed arms, ``not finite`` where the arm's
+    with one seed), ``on`` within it, ``outside`` the frontier's range, ``no
+    frontier`` with fewer than two fixed arms, ``not finite`` where the arm's
     loss or the frontier's there is not (a run diverged), ``did not train``
     where a fixed arm is ``untrained``; ``step_ratio`` (the arm's steps over the
     control's) and ``near_control``: whether the arm is within
     :data:`NEAR_CONTROL_NATS` of the control's loss with at most
-    :data:`FEW_STEPS_RATIO` times its steps.
+    :data:`FEW_STEPS_RATIO` times its steps. Each bar is read on the number
+    as :func:`verdict_line` prints it (margins, spreads and nats to 3
+    decimals, the ratio of steps to 2).
   """
   out = {}
   for name, (steps, loss) in arms.items():
@@ -86,7 +87,9 @@ def verdict(
       position = 'outside'
     elif not math.isfinite(margin):
       position = 'not finite'
-    elif round(margin, 3) > round(bar, 3):  # as printed: no "below ... +0.030" at a 0.03 bar
+    # Each bar is read on the number as the verdict line prints it: no "below ... +0.030" at a
+    # bar of 0.03, nor "0.60x the control's steps" that misses the 0.6x bar.
+    elif round(margin, 3) > round(bar, 3):
       position = 'below'
     elif round(margin, 3) < -round(bar, 3):
       position = 'above'
@@ -94,7 +97,9 @@ def verdict(
       position = 'on'
     ratio = None if control is None else steps / control[0]
     near = (
-        control is not None and loss <= control[1] + NEAR_CONTROL_NATS and ratio <= FEW_STEPS_RATIO
+        control is not None
+        and round(loss - control[1], 3) <= NEAR_CONTROL_NATS
+        and round(ratio, 2) <= FEW_STEPS_RATIO
     )
     out[name] = {
         'steps': steps,

@@ -52,8 +52,8 @@ def test_verdict_margin_position_and_the_control_bar():
 def test_verdict_near_control_bar_is_inclusive_at_its_edges():
   v = verdict.verdict(FRONTIER, {'edge': (600, 1.82)}, (1000, 1.80))['edge']
   assert v['step_ratio'] == pytest.approx(0.6) and v['near_control']
-  v = verdict.verdict(FRONTIER, {'slow': (601, 1.80)}, (1000, 1.80))['slow']
-  assert not v['near_control']
+  v = verdict.verdict(FRONTIER, {'slow': (606, 1.80)}, (1000, 1.80))['slow']
+  assert not v['near_control']  # 0.61x, as printed
 
 
 def test_below_the_frontier_needs_a_margin_beyond_the_seed_spread():
@@ -69,7 +69,7 @@ def test_below_the_frontier_needs_a_margin_beyond_the_seed_spread():
   assert 'within the spread' in verdict.verdict_line({'a': within})
 
 
-def test_the_position_agrees_with_the_margin_printed():
+def test_each_bar_is_read_on_the_number_as_printed():
   # 2.00 - 1.97 is 0.030000000000000027 in floats: it read "below" with "margin +0.030" at the
   # 0.03 bar of one seed.
   v = verdict.verdict(FRONTIER, {'a': (250, 1.97)}, None)['a']
@@ -79,6 +79,10 @@ def test_the_position_agrees_with_the_margin_printed():
   assert v['position'] == 'on'  # +0.030 against a spread printed as 0.030
   v = verdict.verdict(FRONTIER, {'a': (500, 1.8694)}, None, spread=0.0304)['a']
   assert v['position'] == 'below'  # +0.031 against 0.030
+  # "0.60x the control's steps" and "+0.020 nats vs the control" missed the 0.6x / 0.02 bar.
+  for arm in ((603, 1.80), (600, 1.8204)):
+    v = verdict.verdict(FRONTIER, {'a': arm}, (1000, 1.80))['a']
+    assert v['near_control'] and 'meets the' in verdict.verdict_line({'a': v})
 
 
 def test_a_control_that_is_not_finite_gets_no_comparison():
