@@ -2,10 +2,13 @@
 
 Needs Flax and scikit-learn (``pip install -e ".[examples]"``).
 
-``state.apply_gradients`` runs once per microbatch. GNTS adds each microbatch
+``state.apply_gradients`` runs once per microbatch. GNTS, here in its absolute
+mode (torch-gqc's rule: ``gnts(inner, threshold)``), adds each microbatch
 gradient to its accumulator and steps AdamW on the mean only when the mean's
 norm is below the threshold (or after ``max_draws`` microbatches); until then
-the updates are zeros. So ``state.step`` counts microbatches, not optimizer
+the updates are zeros. A threshold must suit the model's gradients;
+``gnts(inner)`` with none, the library's default, follows the gradient noise
+scale instead (``examples/flax_nnx.py``). So ``state.step`` counts microbatches, not optimizer
 steps: those are ``optax_gqc.statistics(state.opt_state)['num_steps']``.
 """
 

@@ -2,10 +2,14 @@
 
 Needs Flax and scikit-learn (``pip install -e ".[examples]"``).
 
-``optimizer.update`` runs once per microbatch. GNTS adds each microbatch
-gradient to its accumulator and steps AdamW on the mean only when the mean's
-norm is below the threshold (or after ``max_draws`` microbatches); until then
-the updates are zeros. So ``optimizer.step`` counts microbatches, not optimizer
+``optimizer.update`` runs once per microbatch. ``optax_gqc.gnts(inner)``, the
+library's default, adds each microbatch gradient to its accumulator and steps
+AdamW on the mean once it has averaged half the gradient noise scale (at least
+two microbatches, at most ``max_draws``, 64), each step scaled by the square
+root of the microbatches it averaged; until then the updates are zeros. There
+is no threshold to tune: the noise scale is estimated as it trains.
+``examples/flax_linen.py`` runs torch-gqc's rule instead, a scheduled threshold
+on the mean's norm. ``optimizer.step`` counts microbatches, not optimizer
 steps: those are ``optax_gqc.statistics(optimizer.opt_state)['num_steps']``.
 """
 
@@ -60,13 +64,8 @@ def main(
   x, y = (x[order] / 16.0).astype(np.float32), y[order]
   rngs = nnx.Rngs(seed)
   model = nnx.Sequential(nnx.Linear(64, 128, rngs=rngs), nnx.relu, nnx.Linear(128, 10, rngs=rngs))
-  # The threshold starts 10x high, so early training steps on every
-  # microbatch, then anneals from 0.6 to 0.3: more accumulation as the mean
-  # gradient shrinks towards the noise.
-  threshold = optax_gqc.schedules.cosine_with_inverse_warmup(
-      0.6, 0.3, num_microbatches // 10, num_microbatches, warmup_multiplier=10.0
-  )
-  tx = optax_gqc.gnts(optax.adamw(3e-3), threshold, max_draws=16)
+  # The default: with microbatch_size, statistics reports the noise scale in examples.
+  tx = optax_gqc.gnts(optax.adamw(3e-3), microbatch_size=microbatch_size)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
   initial_loss, initial_accuracy = evaluate(model, x[1400:], y[1400:])
   rng = np.random.default_rng(seed)
@@ -77,8 +76,9 @@ def main(
       stats = {k: float(v) for k, v in optax_gqc.statistics(optimizer.opt_state).items()}
       print(
           f'microbatch {i + 1:5d}  loss {float(loss):.3f}  optimizer steps '
-          f'{stats["num_steps"]:4.0f}  last step: draws {stats["last_num_draws"]:2.0f}, '
-          f'|mean g| {stats["last_grad_norm"]:.3f}  threshold {stats["threshold"]:.3f}'
+          f'{stats["num_steps"]:4.0f}  last step: draws {stats["last_num_draws"]:2.0f}  '
+          f'noise scale {stats["noise_scale"]:6.1f} examples, next batch '
+          f'{stats["target_batch_size"]:5.0f}'
       )
       warn_if_stalled(stats)
   final_loss, final_accuracy = evaluate(model, x[1400:], y[1400:])

@@ -30,7 +30,8 @@ def load_example(name: str) -> types.ModuleType:
 def test_example_learns_and_counts_microbatches(name, step_key, capsys):
   result = load_example(name).main(num_microbatches=NUM_MICROBATCHES, log_every=100)
   out = capsys.readouterr().out
-  assert out.count('threshold') == NUM_MICROBATCHES // 100  # the statistics were logged
+  logged = [line for line in out.splitlines() if line.startswith('microbatch ')]
+  assert len(logged) == NUM_MICROBATCHES // 100  # the statistics were logged
   assert result['final_loss'] < 0.5 * result['initial_loss']
   assert result['final_accuracy'] > 0.8 > result['initial_accuracy']
   # The framework's step counter counts calls of update, one per microbatch ...
