@@ -8,8 +8,9 @@ gradient to its accumulator and steps AdamW on the mean only when the mean's
 norm is below the threshold (or after ``max_draws`` microbatches); until then
 the updates are zeros. A threshold must suit the model's gradients;
 ``gnts(inner)`` with none, the library's default, follows the gradient noise
-scale instead (``examples/flax_nnx.py``). So ``state.step`` counts microbatches, not optimizer
-steps: those are ``optax_gqc.statistics(state.opt_state)['num_steps']``.
+scale instead (``examples/flax_nnx.py``). So ``state.step`` counts
+microbatches, not optimizer steps: those are
+``optax_gqc.statistics(state.opt_state)['num_steps']``.
 """
 
 import flax.linen as nn

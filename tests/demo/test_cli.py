@@ -30,7 +30,7 @@ BAD_INPUTS = [
     (['--sizes', '64x2', '--dim', '64'], '--sizes'),
     (['--warmup', '2'], '--warmup'),
     (['--max-draws', '0'], '--max-draws'),
-    (['--max-draws', '1'], '--max-draws'),  # the adaptive arms ran as the control, unsaid
+    (['--max-draws', '1'], '--max-draws'),  # the arms it caps ran as the control, unsaid
     (['--max-draws', str(2**31)], '--max-draws'),  # was a traceback after two arms had run
     (['--seeds', str(10**20)], '--seeds'),
     (['--out', '{tmp}/file/sub'], '--out'),
