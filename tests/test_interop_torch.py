@@ -203,6 +203,56 @@ def test_64_bit_values_are_kept_or_refused_never_wrapped():
 
 
 @needs_torch
+def test_float64_values_beyond_float32_are_refused_not_made_inf():
+  for big in (
+      torch.tensor([1.0, 1e300], dtype=torch.float64),
+      torch.tensor([1e39 + 0j], dtype=torch.complex128),
+  ):
+    with pytest.raises(OverflowError, match='would become inf'):
+      tshim.to_jax(big)
+  kept = tshim.to_jax(torch.tensor([np.inf, -np.inf, np.nan, 1e-300, 3e38], dtype=torch.float64))
+  assert kept.dtype == jnp.float32 and np.array_equal(
+      kept, np.float32([np.inf, -np.inf, np.nan, 0.0, 3e38]), equal_nan=True
+  )
+
+
+@needs_torch
+def test_torch_tensors_given_as_values_keep_their_dtype():
+  # Through jnp.asarray a float64 tensor lost its last bits, and a bfloat16 one raised.
+  model = torch.nn.Linear(2, 1).double()
+  values = {n: p.detach() + 1e-12 for n, p in model.named_parameters()}
+  tshim.load_into(model, values)
+  assert all(torch.equal(p, values[n]) for n, p in model.named_parameters())
+  t = tshim.to_torch(torch.tensor([1 + 1e-12], dtype=torch.float64))
+  assert t.dtype == torch.float64 and t.item() == 1 + 1e-12
+  half = torch.nn.Linear(2, 1).bfloat16()
+  tshim.set_grads(half, {n: torch.ones_like(p) for n, p in half.named_parameters()})
+  assert all(
+      p.grad.dtype == torch.bfloat16 and bool((p.grad == 1).all()) for p in half.parameters()
+  )
+
+
+@needs_torch
+def test_a_tied_weight_under_two_names_is_refused_where_it_would_be_written_twice():
+  emb, out = torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False)
+  out.weight = emb.weight
+  model = torch.nn.ModuleDict({'emb': emb, 'out': out})
+  named = model.state_dict(keep_vars=True)  # both names, one Parameter
+  assert named['emb.weight'] is named['out.weight']
+  grads = {n: jnp.ones(t.shape) for n, t in named.items()}
+  for write in (
+      lambda: tshim.set_grads(named, grads, accumulate=True),  # gave twice the gradient
+      lambda: tshim.set_grads(named, grads),
+      lambda: tshim.load_into(named, grads),  # the last name won
+  ):
+    with pytest.raises(ValueError, match='tied weights'):
+      write()
+  tshim.set_grads(model, {'emb.weight': jnp.ones((5, 3))}, accumulate=True)  # named once
+  assert bool((emb.weight.grad == 1).all())
+  assert set(tshim.params_to_jax(named)) == {'emb.weight', 'out.weight'}  # reading is fine
+
+
+@needs_torch
 def test_set_grads_casts_to_the_parameter_dtype():
   model = _model(torch.bfloat16)
   grads = {k: jnp.ones(v.shape, jnp.float32) for k, v in tshim.params_to_jax(model).items()}

@@ -71,6 +71,18 @@ def test_first_divergence_compares_infinities_exactly(torch_w, optax_w, where):
   assert (d if d is None else (d.torch_value, d.optax_value)) == where
 
 
+def test_first_divergence_scales_the_scalar_tolerance_by_the_torch_value():
+  def record(torch_value, optax_value):
+    n = 'num_draws'
+    return torch_replay.Record(
+        0, None, True, True, {}, {}, {n: torch_value}, {n: optax_value}, {}, {}
+    )
+
+  # |1 - 2| > 0.5 * |torch| = 0.5: they differ; |2 - 1| <= 0.5 * 2: they agree.
+  assert torch_replay.first_divergence([record(1.0, 2.0)], rtol=0.5, atol=0.0) is not None
+  assert torch_replay.first_divergence([record(2.0, 1.0)], rtol=0.5, atol=0.0) is None
+
+
 def test_replay_reports_step_decisions_and_statistics():
   params = {'w': jnp.ones(3)}
   # Ours accumulates two microbatches per step; a plain torch optimizer steps every time.

@@ -61,7 +61,9 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
 
   While ``jax_enable_x64`` is off (JAX's default), JAX makes a 64-bit dtype
   its 32-bit counterpart (``int64`` to ``int32``, ``float64`` to ``float32``);
-  an integer tensor with values beyond that range raises, as they would wrap.
+  an integer tensor with values beyond that range raises, as they would wrap,
+  and so does a floating one with finite values beyond float32's, which
+  would become infinite (values below its smallest become 0 or subnormal).
 
   Args:
     tensor: any torch tensor, e.g. a parameter or its ``.grad``.
@@ -70,8 +72,8 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
     A :class:`jax.Array` with the tensor's shape and dtype (narrowed as above).
 
   Raises:
-    OverflowError: if a 64-bit integer tensor holds values beyond 32 bits
-      while ``jax_enable_x64`` is off.
+    OverflowError: if a 64-bit tensor holds values beyond its 32-bit
+      counterpart's range while ``jax_enable_x64`` is off.
 
   Example:
     >>> import torch
@@ -98,9 +100,23 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
 
 
 def _check_fits_32_bits(t: torch.Tensor) -> None:
-  """Raises if JAX would wrap the values of a 64-bit integer tensor (``jax_enable_x64`` off)."""
+  """Raises if JAX would wrap or overflow a 64-bit tensor's values (``jax_enable_x64`` off)."""
+  if jax.config.jax_enable_x64 or t.numel() == 0 or t.is_meta:
+    return
+  if t.dtype in (torch.float64, torch.complex128):
+    parts = torch.view_as_real(t.resolve_conj().resolve_neg()) if t.is_complex() else t
+    largest = float(torch.where(torch.isfinite(parts), parts.abs(), 0.0).max())
+    limit = float(np.finfo(np.float32).max)
+    if largest > limit:
+      raise OverflowError(
+          f'to_jax: the {t.dtype} tensor holds finite values of magnitude up to {largest:.3g}, '
+          f'beyond the largest float32 ({limit:.3g}) that JAX makes of it '
+          'while jax_enable_x64 is off: they would become inf. Turn it on '
+          "(jax.config.update('jax_enable_x64', True)), or scale the values first"
+      )
+    return
   narrow = _NARROWED_INTS.get(t.dtype)
-  if narrow is None or jax.config.jax_enable_x64 or t.numel() == 0:
+  if narrow is None:
     return
   values = t if t.dtype == torch.int64 else t.to(torch.float64)  # no min or max of uint64
   low, high = (float(x) for x in torch.aminmax(values))
@@ -124,11 +140,13 @@ def to_torch(array: Any, device: torch.device | str | None = None) -> torch.Tens
   JAX's memory, which JAX could reuse as soon as torch dropped the tensor,
   with torch's kernels that read it possibly not yet run.)
 
-  A NumPy array keeps its dtype, 64-bit ones included, which
-  :func:`jax.numpy.asarray` would narrow while ``jax_enable_x64`` is off.
+  A NumPy array or a torch tensor keeps its dtype, 64-bit ones included,
+  which :func:`jax.numpy.asarray` would narrow while ``jax_enable_x64`` is
+  off.
 
   Args:
-    array: a :class:`jax.Array`, or anything :func:`jax.numpy.asarray` takes.
+    array: a :class:`jax.Array`, a torch tensor, or anything
+      :func:`jax.numpy.asarray` takes.
     device: where the tensor goes; by default, where DLPack puts it (the
       array's device).
 
@@ -154,7 +172,9 @@ def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
 def _copies_to_torch(arrays: list[Any], device: torch.device | str | None) -> list[torch.Tensor]:
   """Torch's copies of ``arrays``, read through views (DLPack's, or NumPy's); done on return."""
   views = [
-      torch.from_numpy(np.asarray(a, order='C'))  # a 0-d one stays 0-d
+      a.detach()  # copied as it is: through JAX it would be narrowed, or refused (bfloat16)
+      if isinstance(a, torch.Tensor)
+      else torch.from_numpy(np.asarray(a, order='C'))  # a 0-d one stays 0-d
       if isinstance(a, np.ndarray | np.generic) and a.dtype in _WIDE_NUMPY
       else torch.from_dlpack(jnp.asarray(a))
       for a in arrays
@@ -188,6 +208,22 @@ def _named_tensors(source: _TensorSource) -> dict[str, torch.Tensor]:
     if not isinstance(value, torch.Tensor):
       raise TypeError(f'{name!r} is a {type(value).__name__}, not a torch.Tensor')
   return named
+
+
+def _check_named_once(where: str, named: Mapping[str, torch.Tensor]) -> None:
+  """Raises if two names hold one tensor (tied weights): a write would land twice."""
+  seen = {}
+  for name, t in named.items():
+    if t.numel() == 0:
+      continue
+    key = (t.device, t.data_ptr(), tuple(t.shape), t.stride())
+    if key in seen:
+      raise ValueError(
+          f'{where}: {seen[key]!r} and {name!r} are one tensor (tied weights), so it would be '
+          'written twice (a gradient added twice). Pass the module, or '
+          'dict(module.named_parameters()), which name it once'
+      )
+    seen[key] = name
 
 
 def _check_not_detached(
@@ -288,7 +324,8 @@ def load_into(module: _TensorSource, tree: Mapping[str, Any]) -> None:
 
   Raises:
     KeyError: if the names differ from the module's.
-    ValueError: if a shape differs.
+    ValueError: if a shape differs, or two names hold one tensor (tied
+      weights in a ``state_dict(keep_vars=True)``).
 
   Example:
     >>> import jax.numpy as jnp, torch
@@ -301,6 +338,7 @@ def load_into(module: _TensorSource, tree: Mapping[str, Any]) -> None:
   """
   params = _named_tensors(module)
   _check_same_names('load_into', params, tree)
+  _check_named_once('load_into', params)
   with torch.no_grad():
     # One wait on a GPU for all the copies, not one a leaf.
     for name, source in zip(tree, _copies_to_torch(list(tree.values()), None), strict=True):
@@ -334,8 +372,8 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
 
   Raises:
     KeyError: if the names differ from the module's.
-    ValueError: if a shape differs, or if no tensor requires grad (a
-      ``state_dict()``'s, say).
+    ValueError: if a shape differs, if two names hold one tensor (tied
+      weights), or if no tensor requires grad (a ``state_dict()``'s, say).
 
   Example:
     >>> import jax.numpy as jnp, torch
@@ -348,6 +386,7 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
   """
   params = _named_tensors(module)
   _check_same_names('set_grads', params, grads)
+  _check_named_once('set_grads', params)
   _check_not_detached('set_grads', module, params)
   if params and not any(t.requires_grad for t in params.values()):
     raise ValueError('set_grads: no tensor requires grad, so none takes a gradient')

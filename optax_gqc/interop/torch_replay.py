@@ -293,8 +293,11 @@ class Divergence(NamedTuple):
     )
 
 
-def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
-  return bool(np.isclose(float(a), float(b), rtol=rtol, atol=atol, equal_nan=True))
+def _close(torch_value: Any, optax_value: Any, rtol: float, atol: float) -> bool:
+  # np.isclose(x, y) scales rtol by |y|: the torch value is the reference.
+  return bool(
+      np.isclose(float(optax_value), float(torch_value), rtol=rtol, atol=atol, equal_nan=True)
+  )
 
 
 def first_divergence(
