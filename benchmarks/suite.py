@@ -200,6 +200,8 @@ def arms() -> dict[str, study.Arm]:
       'gnts-mccandlish': functools.partial(
           optax_gqc.gnts, scale_by_draws=lambda n: sqrt((1.0 + 2.0 * n) / 3.0)
       ),
+      # Its mirror: sqrt(1.5 n), 1.22 sqrt(n).
+      'gnts-sqrt1.5n': functools.partial(optax_gqc.gnts, scale_by_draws=lambda n: sqrt(1.5 * n)),
       'normtest-sqrt': lambda inner: optax_gqc.norm_test_accumulation(
           inner, 0.8, scale_by_draws=sqrt
       ),
