@@ -83,6 +83,31 @@ def test_first_divergence_scales_the_scalar_tolerance_by_the_torch_value():
   assert torch_replay.first_divergence([record(2.0, 1.0)], rtol=0.5, atol=0.0) is None
 
 
+def test_replay_takes_torch_tensors_as_a_torch_user_has_them():
+  # A model's parameters (which require grad) and gradients as torch tensors: the first raised
+  # "Can't call numpy() on Tensor that requires grad", the second after torch had stepped.
+  layer = torch.nn.Linear(3, 1)
+  stream = _stream(6, (1, 3))
+
+  def run(params, grads):
+    return torch_replay.replay(
+        lambda ps: torch.optim.SGD(ps, lr=0.1), optax.sgd(0.1), params, grads
+    )
+
+  as_torch = run(
+      dict(layer.named_parameters()),
+      [{'weight': torch.tensor(np.asarray(g['w'])), 'bias': torch.ones(1)} for g in stream],
+  )
+  as_jax = run(
+      {n: jnp.asarray(p.detach().numpy()) for n, p in layer.named_parameters()},
+      [{'weight': g['w'], 'bias': jnp.ones(1)} for g in stream],
+  )
+  assert torch_replay.first_divergence(as_torch) is None
+  for a, b in zip(as_torch, as_jax, strict=True):
+    assert all(np.array_equal(a.optax_params[k], b.optax_params[k]) for k in a.optax_params)
+    assert all(np.array_equal(a.torch_params[k], b.torch_params[k]) for k in a.torch_params)
+
+
 def test_replay_reports_step_decisions_and_statistics():
   params = {'w': jnp.ones(3)}
   # Ours accumulates two microbatches per step; a plain torch optimizer steps every time.

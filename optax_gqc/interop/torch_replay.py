@@ -206,7 +206,7 @@ def replay(
 
   # Both sides start from JAX's arrays: the dtypes JAX gives (float32 for a
   # NumPy float64 while jax_enable_x64 is off), not two precisions.
-  jax_params = {k: jnp.array(params[k]) for k in names}
+  jax_params = {k: _to_jax_array(params[k]) for k in names}
   torch_params = [torch.nn.Parameter(to_torch(jax_params[k])) for k in names]
   built = torch_side(torch_params)
   optimizer, schedule = built if isinstance(built, tuple) else (built, None)
@@ -223,7 +223,7 @@ def replay(
         loss = float(next(loss_iter))
       except StopIteration:
         raise ValueError(f'replay: losses ran out at microbatch {index}') from None
-    grads = {k: grads[k] for k in names}
+    grads = {k: _to_jax_array(grads[k]) for k in names}  # the same values to both sides
 
     set_grads(dict(zip(names, torch_params, strict=True)), grads, accumulate=True)
     result = torch_step(optimizer, loss)
@@ -256,6 +256,11 @@ def replay(
         )
     )
   return records
+
+
+def _to_jax_array(value: Any) -> jax.Array:
+  """A copy in JAX of an array or a torch tensor (one that requires grad included)."""
+  return to_jax(value) if isinstance(value, torch.Tensor) else jnp.array(value)
 
 
 # Where the two sides part.
