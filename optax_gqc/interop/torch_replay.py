@@ -169,7 +169,8 @@ def replay(
       wrapper, or a pair ``(optimizer, schedule)`` with a schedule stepped
       after every microbatch (e.g. torch-gqc's factories).
     optax_side: the Optax transformation, called once per microbatch.
-    params: the initial parameters, ``{name: array}``.
+    params: the initial parameters, ``{name: array}``; the arrays may be
+      torch tensors (``dict(model.named_parameters())``).
     grad_stream: the microbatch gradients, each a dict like ``params``.
     losses: one loss per microbatch, for gates that read it; torch-gqc's
       MHT wrapper takes it as ``step(loss)``, ours as ``update(..., value=loss)``.
