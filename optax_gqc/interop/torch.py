@@ -170,7 +170,7 @@ def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
 
 
 def _copies_to_torch(arrays: list[Any], device: torch.device | str | None) -> list[torch.Tensor]:
-  """Torch's copies of ``arrays``, read through views (DLPack's, or NumPy's); done on return."""
+  """Torch's copies of ``arrays``, read through views (a tensor's own, DLPack's or NumPy's)."""
   views = [
       a.detach()  # copied as it is: through JAX it would be narrowed, or refused (bfloat16)
       if isinstance(a, torch.Tensor)
