@@ -170,7 +170,8 @@ def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
 
 
 def _copies_to_torch(arrays: list[Any], device: torch.device | str | None) -> list[torch.Tensor]:
-  """Torch's copies of ``arrays``, read through views (a tensor's own, DLPack's or NumPy's)."""
+  """Torch's copies of ``arrays``, done on return; read through a tensor's own view, or DLPack's or
+  NumPy's."""
   views = [
       a.detach()  # copied as it is: through JAX it would be narrowed, or refused (bfloat16)
       if isinstance(a, torch.Tensor)
