@@ -170,8 +170,10 @@ def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
 
 
 def _copies_to_torch(arrays: list[Any], device: torch.device | str | None) -> list[torch.Tensor]:
-  """Torch's copies of ``arrays``, done on return; read through a tensor's own view, or DLPack's or
-  NumPy's."""
+  """Torch's copies of ``arrays``, done on return, each read through a view (its own, or DLPack's).
+
+  A torch tensor is its own view; a wide NumPy array is viewed by NumPy, so it keeps its dtype.
+  """
   views = [
       a.detach()  # copied as it is: through JAX it would be narrowed, or refused (bfloat16)
       if isinstance(a, torch.Tensor)
