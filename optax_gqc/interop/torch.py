@@ -170,9 +170,10 @@ def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
 
 
 def _copies_to_torch(arrays: list[Any], device: torch.device | str | None) -> list[torch.Tensor]:
-  """Torch's copies of ``arrays``, done on return, each read through a view (its own, or DLPack's).
+  """Torch's copies of ``arrays``, done on return, each read through a view.
 
-  A torch tensor is its own view; a wide NumPy array is viewed by NumPy, so it keeps its dtype.
+  A torch tensor is its own view; a wide NumPy array is viewed by NumPy, so it keeps its dtype;
+  anything else is viewed by DLPack, through JAX.
   """
   views = [
       a.detach()  # copied as it is: through JAX it would be narrowed, or refused (bfloat16)
