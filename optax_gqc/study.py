@@ -43,6 +43,7 @@ Example:
 """
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -149,14 +150,20 @@ def paired_interval(values: Sequence[float | None], confidence: float = 0.95) ->
 
   Args:
     values: one value per seed (a margin, paired with its seed's own
-      frontier); None entries (outside the frontier) are left out.
-    confidence: of the interval.
+      frontier); None entries (outside the frontier) and entries that are
+      not finite (a run that diverged) are left out.
+    confidence: of the interval, in (0, 1): 0.95, not 95.
 
   Returns:
     ``mean``, ``low``, ``high`` (None with fewer than two values), ``min``
     and ``n``.
+
+  Raises:
+    ValueError: if ``confidence`` is not in (0, 1).
   """
-  v = np.array([x for x in values if x is not None], np.float64)
+  if not 0 < confidence < 1:
+    raise ValueError(f'confidence must be in (0, 1), e.g. 0.95, got {confidence!r}')
+  v = np.array([x for x in values if x is not None and math.isfinite(x)], np.float64)
   if not v.size:
     return {'mean': None, 'low': None, 'high': None, 'min': None, 'n': 0}
   mean = float(v.mean())
@@ -186,7 +193,8 @@ def _summarize(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   def column(key):
     return [r[key] for r in per_seed]
 
-  ratios = [r for r in column('step_ratio') if r is not None]
+  # Over the seeds the margin covers, as the table reports them together.
+  ratios = [r['step_ratio'] for r in per_seed if r['margin'] is not None]
   return {
       'per_seed': list(per_seed),
       'margins': column('margin'),
@@ -226,7 +234,13 @@ def _per_seed(value: Any, seed: int) -> Any:
   return value(seed) if callable(value) else value
 
 
-def _check_args(learning_rates, ks, seeds, evals, count, seeded):
+_RESERVED = ('fixed', 'frontier')  # the fixed runs' arm, and on_result's frontier
+
+
+def _check_args(learning_rates, ks, seeds, evals, count, seeded, arm_names):
+  reserved = [name for name in arm_names if name in _RESERVED]
+  if reserved:
+    raise ValueError(f'arms may not be named {reserved}: the study names its own runs so')
   if not learning_rates or any(not (lr > 0) for lr in learning_rates):
     raise ValueError(f'learning_rates must be positive numbers, got {learning_rates!r}')
   if 1 not in ks or len(set(ks)) < 2:
@@ -234,8 +248,6 @@ def _check_args(learning_rates, ks, seeds, evals, count, seeded):
         f'ks must include 1, the control, and another k: a frontier of one point gives no '
         f'margin, got {ks!r}'
     )
-  for k in ks:
-    _checks.check_positive_int('each k', k)
   if not seeds:
     raise ValueError('seeds must name at least one seed')
   if len(set(seeds)) != len(seeds):
@@ -281,16 +293,18 @@ def frontier_study(
     params: the initial parameters, or a function of the seed that returns them.
     microbatches: the training microbatches stacked on a leading axis (a
       pytree of arrays of shape ``[count, ...]``), or a function of the seed
-      that returns them. Every arm of a seed sees the same ones, in order:
-      the first ``count - count % evals``, so that the evaluations are evenly
-      spaced (the result's ``microbatches`` says how many).
+      that returns them (as many for every seed). Every arm of a seed sees
+      the same ones, in order: the first ``count - count % evals``, so that
+      the evaluations are evenly spaced (the result's ``microbatches`` says
+      how many).
     eval_batches: validation batches stacked on a leading axis (or a
       function of the seed): the validation loss is their mean loss.
     arms: the adaptive arms by name: functions of the inner optimizer that
       return the accumulation, e.g. ``optax_gqc.gnts`` or
       ``functools.partial(optax_gqc.gnts, ratio=0.5)``. The inner optimizer
       injects its learning rate, which follows the study's schedule of
-      microbatches (:func:`optax_gqc.schedule_by_microbatch`).
+      microbatches (:func:`optax_gqc.schedule_by_microbatch`). ``fixed`` and
+      ``frontier`` are the study's own names, not an arm's.
     learning_rates: the grid of peak learning rates; every arm runs at each.
     ks: the frontier's microbatches per step; must include 1, the control.
       The margins read the frontier as straight lines in log steps between
@@ -314,17 +328,21 @@ def frontier_study(
     seed, each ``k`` at its best rate), and ``arms``: for each adaptive arm,
     per seed ``margins`` (at the control's best rate), ``best_margins`` (at
     the arm's own best rate), ``step_ratios`` (its steps over the
-    control's), and their :func:`paired_interval` as ``margin`` and
-    ``best_margin``.
+    control's; None where its loss is not finite), their
+    :func:`paired_interval` as ``margin`` and ``best_margin``, and
+    ``step_ratio``, the mean ratio over the seeds with a margin. A warning
+    says when every seed gave the same frontier, to the bit.
   """
   optimizer_kwargs = dict(optimizer_kwargs or {})
+  for k in ks:  # before int() would make 1.9 the control
+    _checks.check_positive_int('each k', k)
   ks = tuple(int(k) for k in ks)
   lrs = np.asarray(learning_rates, np.float32)
   first = _per_seed(microbatches, seeds[0] if seeds else 0)
-  count = jax.tree.leaves(first)[0].shape[0]
+  given = jax.tree.leaves(first)[0].shape[0]
   seeded = any(callable(x) for x in (params, microbatches, eval_batches))
-  _check_args(tuple(learning_rates), ks, tuple(seeds), evals, count, seeded)
-  count -= count % evals  # evaluations evenly spaced: the rest is left out
+  _check_args(tuple(learning_rates), ks, tuple(seeds), evals, given, seeded, list(arms))
+  count = given - given % evals  # evaluations evenly spaced: the rest is left out
 
   def program(arm):
     def make_tx(peak, k):
@@ -341,7 +359,13 @@ def frontier_study(
 
   runs = []
   for seed in seeds:
-    p0, data, val = (_per_seed(x, seed) for x in (params, microbatches, eval_batches))
+    p0, val = _per_seed(params, seed), _per_seed(eval_batches, seed)
+    data = first if seed == seeds[0] else _per_seed(microbatches, seed)
+    if jax.tree.leaves(data)[0].shape[0] != given:
+      raise ValueError(
+          f'microbatches({seed!r}) gives {jax.tree.leaves(data)[0].shape[0]} microbatches and '
+          f'microbatches({seeds[0]!r}) {given}: every seed trains on as many'
+      )
 
     def record(name, values, lr, k, seed=seed):
       losses, steps, forced, noise = values
@@ -371,6 +395,13 @@ def frontier_study(
       if on_result is not None:
         on_result(name, seed, _arm_on_seed(runs, name, seed))
 
+  fixed = [[r['val_losses'] for r in runs if r['arm'] == 'fixed' and r['seed'] == s] for s in seeds]
+  if len(seeds) > 1 and all(f == fixed[0] for f in fixed):
+    warnings.warn(
+        f'every seed of {list(seeds)} gave the same frontier, to the bit: a function of the seed '
+        'that ignores it? The intervals read the seeds as independent',
+        stacklevel=2,
+    )
   return summarize(
       runs,
       {
@@ -413,9 +444,9 @@ def _arm_on_seed(runs: Sequence[Mapping[str, Any]], name: str, seed: int) -> dic
       'best_margin': _margin(points, own_best),
       'val_loss': None if at_control is None else at_control['val_loss'],
       'steps': None if at_control is None else at_control['num_steps'],
-      'step_ratio': (
+      'step_ratio': (  # none for a run that diverged: its step count stopped, not saved
           None
-          if at_control is None or control is None
+          if at_control is None or control is None or not math.isfinite(at_control['val_loss'])
           else at_control['num_steps'] / control['num_steps']
       ),
       'best_lr': None if own_best is None else own_best['lr'],
@@ -460,7 +491,8 @@ def table(result: Mapping[str, Any], title: str = '') -> list[str]:
   fixed batch with as many steps; ``[low, high]`` is the paired 95% interval
   over seeds; ``steps`` is the arm's optimizer steps over the control's. A
   frontier rate marked ``^`` (``v``) is the grid's largest (smallest): the
-  frontier may be under-tuned there, and a wider grid would say. A
+  frontier may be under-tuned there, and a wider grid would say (with a
+  grid of one rate, a line says the same of every point). A
   seed where the arm has no margin (a loss that is not finite, or a step
   count outside the frontier's) is left out of the mean and the interval,
   and the line ends with how many seeds have one, e.g. ``(2 of 3 seeds)``.
@@ -483,6 +515,11 @@ def table(result: Mapping[str, Any], title: str = '') -> list[str]:
     lines.append(
         "  ^ / v: the best rate is the grid's largest / smallest; one outside the grid may do "
         'better, so widen learning_rates there'
+    )
+  if len(set(lrs)) == 1:
+    lines.append(
+        '  one learning rate: no k is known to be at its best rate, and the margins may be '
+        'against an under-tuned frontier; give learning_rates a grid'
     )
   lines.append(
       f"{'arm':16s} {'margin':>7s} {'95% interval':>17s} {'min seed':>8s} "

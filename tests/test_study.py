@@ -134,6 +134,79 @@ def test_table_marks_a_best_rate_at_the_edge_of_the_grid():
   assert not any('largest' in line for line in study.table(result))
 
 
+def test_table_says_a_grid_of_one_rate_tunes_no_point():
+  point = {'lr': 0.1, 'steps': 8, 'val_loss': 1.0}
+  result = {'ks': [1, 2], 'learning_rates': [0.1], 'frontier': {0: {1: point, 2: point}}}
+  assert any('one learning rate' in line for line in study.table({**result, 'arms': {}}))
+  result['learning_rates'] = [0.1, 0.3]
+  assert not any('one learning rate' in line for line in study.table({**result, 'arms': {}}))
+
+
+def test_the_step_ratio_is_over_the_seeds_with_a_margin():
+  arm = study._summarize(
+      [
+          {'seed': i, 'margin': m, 'best_margin': m, 'step_ratio': r}
+          for i, (m, r) in enumerate(((0.1, 0.5), (None, 0.1), (0.2, 0.3)))
+      ]
+  )
+  assert arm['step_ratio'] == pytest.approx(0.4)  # not 0.3, with the seed the margin leaves out
+
+
+def test_a_run_that_diverged_has_no_step_ratio():
+  def fixed(k, steps):
+    return {'arm': 'fixed', 'seed': 0, 'lr': 0.1, 'k': k, 'num_steps': steps, 'val_loss': 1.0}
+
+  arm = {'arm': 'a', 'seed': 0, 'lr': 0.1, 'k': None, 'num_steps': 5, 'val_loss': math.nan}
+  # Its step count stopped where it diverged: no step saving to report.
+  assert study._arm_on_seed([fixed(1, 100), fixed(2, 50), arm], 'a', 0)['step_ratio'] is None
+
+
+def test_paired_interval_refuses_a_confidence_in_percent_and_leaves_out_nan():
+  with pytest.raises(ValueError, match=r'\(0, 1\)'):
+    study.paired_interval([0.1, 0.2], confidence=95)
+  assert study.paired_interval([0.1, math.nan, 0.3, math.inf]) == study.paired_interval([0.1, 0.3])
+
+
+def test_arms_may_not_take_the_studys_own_names_nor_ks_be_fractions():
+  batches = (np.zeros((96, 2, 4), np.float32), np.zeros((96, 2), np.float32))
+  args = {'learning_rates': (0.1,), 'seeds': (0,), 'evals': 2}
+  for name in ('fixed', 'frontier'):
+    with pytest.raises(ValueError, match='may not be named'):
+      study.frontier_study(
+          loss_fn,
+          np.zeros(4),
+          batches,
+          eval_batches=batches,
+          arms={name: optax_gqc.gnts},
+          ks=(1, 2),
+          **args,
+      )
+  with pytest.raises(TypeError, match='each k'):  # ran as ks (1, 2): 1.9 became the control
+    study.frontier_study(
+        loss_fn, np.zeros(4), batches, eval_batches=batches, arms={}, ks=(1.9, 2), **args
+    )
+
+
+@pytest.mark.slow
+def test_seeds_with_as_many_microbatches_or_a_clear_error():
+  batches = lambda seed: data(seed, count=16 if seed == 0 else 24)  # noqa: E731
+  args = {'arms': {}, 'learning_rates': (0.1,), 'ks': (1, 2), 'evals': 2}
+  with pytest.raises(ValueError, match='every seed trains on as many'):
+    study.frontier_study(
+        loss_fn, np.zeros(4), batches, eval_batches=data(9, 2), seeds=(0, 1), **args
+    )
+
+
+@pytest.mark.slow
+def test_seeds_that_all_train_the_same_are_warned_of():
+  same = data(0, count=16)
+  args = {'arms': {}, 'learning_rates': (0.1,), 'ks': (1, 2), 'evals': 2}
+  with pytest.warns(UserWarning, match='same frontier, to the bit'):
+    study.frontier_study(
+        loss_fn, lambda seed: jnp.zeros(4), same, eval_batches=same, seeds=(0, 1), **args
+    )
+
+
 def test_several_seeds_of_the_same_data_and_params_raise():
   batches = (np.zeros((96, 2, 4), np.float32), np.zeros((96, 2), np.float32))
   args = {'arms': {}, 'learning_rates': (0.1,), 'ks': (1, 2), 'evals': 2}
