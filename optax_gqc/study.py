@@ -241,8 +241,12 @@ def _check_args(learning_rates, ks, seeds, evals, count, seeded, arm_names):
   reserved = [name for name in arm_names if name in _RESERVED]
   if reserved:
     raise ValueError(f'arms may not be named {reserved}: the study names its own runs so')
-  if not learning_rates or any(not (lr > 0) for lr in learning_rates):
-    raise ValueError(f'learning_rates must be positive numbers, got {learning_rates!r}')
+  as_trained = np.asarray(learning_rates, np.float32) if learning_rates else np.zeros(0)
+  if not learning_rates or not np.all((as_trained > 0) & np.isfinite(as_trained)):
+    raise ValueError(
+        f'learning_rates must be positive finite numbers (in float32, as they train), got '
+        f'{learning_rates!r}'
+    )
   if 1 not in ks or len(set(ks)) < 2:
     raise ValueError(
         f'ks must include 1, the control, and another k: a frontier of one point gives no '
@@ -318,7 +322,9 @@ def frontier_study(
       ``optax.inject_hyperparams``.
     optimizer_kwargs: its other arguments (e.g. ``weight_decay``).
     evals: validation losses taken over the run (the last is the verdict's).
-    warmup, final_lr: the shape of :func:`lr_schedule`.
+    warmup, final_lr: the shape of :func:`lr_schedule`: the share of the
+      run in warmup, in [0, 1), and the final rate as a fraction of the
+      peak, >= 0.
     on_result: called with ``(arm, seed, record)`` as each arm's runs on a
       seed finish (for progress, or to save as you go).
 
@@ -342,6 +348,11 @@ def frontier_study(
   given = jax.tree.leaves(first)[0].shape[0]
   seeded = any(callable(x) for x in (params, microbatches, eval_batches))
   _check_args(tuple(learning_rates), ks, tuple(seeds), evals, given, seeded, list(arms))
+  if not (0 <= warmup < 1 and 0 <= final_lr < math.inf):
+    raise ValueError(
+        f'warmup must be in [0, 1) and final_lr finite and >= 0 (fractions of the peak rate), '
+        f'got {warmup!r} and {final_lr!r}'
+    )
   count = given - given % evals  # evaluations evenly spaced: the rest is left out
 
   def program(arm):

@@ -252,6 +252,10 @@ def test_paired_interval_compiles_its_quantile_once(caplog):
         ({'seeds': ()}, 'seeds'),
         ({'seeds': (0, 1, 0)}, 'seeds must differ'),
         ({'evals': 60}, 'too few'),
+        ({'learning_rates': (0.1, math.inf)}, 'learning_rates'),
+        ({'learning_rates': (1e-50,)}, 'learning_rates'),  # 0 in float32: trained at lr 0
+        ({'final_lr': -0.5}, 'final_lr'),  # a negative rate at the end
+        ({'warmup': 1.5}, 'warmup'),
     ],
 )
 def test_frontier_study_rejects_bad_arguments(kwargs, match):
