@@ -43,6 +43,7 @@ Example:
 """
 
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -340,6 +341,10 @@ def frontier_study(
     says when every seed gave the same frontier, to the bit.
   """
   optimizer_kwargs = dict(optimizer_kwargs or {})
+  if isinstance(seeds, numbers.Integral | str):
+    raise TypeError(f'seeds is a sequence of seeds, e.g. (0, 1, 2), got {seeds!r}')
+  # A NumPy array or a generator of seeds too; NumPy's integers as Python's, for the JSON.
+  seeds = [int(s) if isinstance(s, numbers.Integral) else s for s in seeds]
   for k in ks:  # before int() would make 1.9 the control
     _checks.check_positive_int('each k', k)
   ks = tuple(int(k) for k in ks)
@@ -562,7 +567,10 @@ def plot(
     result: what :func:`frontier_study` returned.
     ax: the axis to draw on; a new figure's by default.
     title: the axis title.
-    arms: the arms to draw; all by default.
+    arms: the arms to draw, by name; all by default.
+
+  Raises:
+    ValueError: if an arm of ``arms`` is not in the study.
 
   Returns:
     The axis.
@@ -582,6 +590,9 @@ def plot(
         label='fixed k' if i == 0 else None,
     )
   runs = result['runs']
+  unknown = [name for name in arms or () if name not in result['arms']]
+  if unknown:
+    raise ValueError(f"plot: no arm {unknown} in the study, whose arms are {list(result['arms'])}")
   for j, name in enumerate(result['arms'] if arms is None else arms):
     xs, ys = [], []
     for seed, frontier in result['frontier'].items():

@@ -47,7 +47,7 @@ def run(seeds):
 
 @pytest.fixture(scope='module')
 def two_seeds():  # slow: compiles and trains three programs
-  return run((0, 1))
+  return run(np.arange(2))  # a NumPy array of seeds failed: "truth value ... is ambiguous"
 
 
 @pytest.mark.slow
@@ -185,6 +185,23 @@ def test_arms_may_not_take_the_studys_own_names_nor_ks_be_fractions():
     study.frontier_study(
         loss_fn, np.zeros(4), batches, eval_batches=batches, arms={}, ks=(1.9, 2), **args
     )
+  with pytest.raises(TypeError, match='a sequence of seeds'):  # was "not iterable"
+    study.frontier_study(
+        loss_fn,
+        np.zeros(4),
+        batches,
+        eval_batches=batches,
+        arms={},
+        ks=(1, 2),
+        **{**args, 'seeds': 0},
+    )
+
+
+def test_plot_refuses_an_arm_the_study_does_not_have():
+  pytest.importorskip('matplotlib')
+  result = {'frontier': {}, 'runs': [], 'arms': {'gnts': {}}}
+  with pytest.raises(ValueError, match=r"no arm \['nope'\]"):  # drew an empty legend entry
+    study.plot(result, arms=['gnts', 'nope'])
 
 
 @pytest.mark.slow
