@@ -238,7 +238,7 @@ def _per_seed(value: Any, seed: int) -> Any:
 _RESERVED = ('fixed', 'frontier')  # the fixed runs' arm, and on_result's frontier
 
 
-def _check_args(learning_rates, ks, seeds, evals, count, seeded, arm_names):
+def _check_args(learning_rates, ks, seeds, evals, count, seeded, arm_names, warmup, final_lr):
   reserved = [name for name in arm_names if name in _RESERVED]
   if reserved:
     raise ValueError(f'arms may not be named {reserved}: the study names its own runs so')
@@ -247,6 +247,11 @@ def _check_args(learning_rates, ks, seeds, evals, count, seeded, arm_names):
     raise ValueError(
         f'learning_rates must be positive finite numbers (in float32, as they train), got '
         f'{learning_rates!r}'
+    )
+  if not (0 <= warmup < 1 and 0 <= final_lr < math.inf):
+    raise ValueError(
+        f'warmup must be in [0, 1) and final_lr finite and >= 0 (fractions of the peak rate), '
+        f'got {warmup!r} and {final_lr!r}'
     )
   if 1 not in ks or len(set(ks)) < 2:
     raise ValueError(
@@ -352,12 +357,9 @@ def frontier_study(
   first = _per_seed(microbatches, seeds[0] if seeds else 0)
   given = jax.tree.leaves(first)[0].shape[0]
   seeded = any(callable(x) for x in (params, microbatches, eval_batches))
-  _check_args(tuple(learning_rates), ks, tuple(seeds), evals, given, seeded, list(arms))
-  if not (0 <= warmup < 1 and 0 <= final_lr < math.inf):
-    raise ValueError(
-        f'warmup must be in [0, 1) and final_lr finite and >= 0 (fractions of the peak rate), '
-        f'got {warmup!r} and {final_lr!r}'
-    )
+  _check_args(
+      tuple(learning_rates), ks, tuple(seeds), evals, given, seeded, list(arms), warmup, final_lr
+  )
   count = given - given % evals  # evaluations evenly spaced: the rest is left out
 
   def program(arm):
