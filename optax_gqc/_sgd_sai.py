@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from optax_gqc import _checks
@@ -180,8 +181,9 @@ def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientT
       done, gsnr, normalizer = jax.lax.cond(all_done, keep, take)
     else:
       gsnr, normalizer = old, state.normalizer
+    # A leaf that waits gives zeros: its g-SNR of 0 times a NaN gradient would be NaN.
     updates = treedef.unflatten(
-        [(s * u).astype(u.dtype) for u, s in zip(leaves, gsnr, strict=True)]
+        [jnp.where(c, s * u, 0).astype(u.dtype) for u, s, c in zip(leaves, gsnr, done, strict=True)]
     )
     return updates, ScaleByGsnrState(
         computed=treedef.unflatten(done),
@@ -292,7 +294,9 @@ def sgd_sai(
     eps: added to the standard deviation in the g-SNR; must be positive and finite.
     mask: which leaves decay, as in :func:`optax.add_decayed_weights`: a tree
       of bools shaped like (a prefix of) the params, or a function of the
-      params returning one.
+      params returning one; not a bare bool (under
+      :func:`optax.inject_hyperparams` a function arrives as one: list
+      ``mask`` in its ``static_args``).
     normalize: divide every g-SNR by the largest one.
     mu_dtype: dtype of the momentum buffer; by default the params' dtype.
       The g-SNR is always computed and kept in float32.
@@ -325,6 +329,15 @@ def sgd_sai(
   _checks.check_positive('eps', eps, finite=True)
   _checks.check_bool('normalize', normalize)
   _checks.check_float_dtype('mu_dtype', mu_dtype)
+  if isinstance(mask, bool | np.bool_) or (
+      isinstance(mask, jax.Array | np.ndarray) and not mask.ndim
+  ):
+    # What optax.inject_hyperparams passes for a function: its value at the step count.
+    raise TypeError(
+        f'mask must be a tree of bools shaped like the params, or a function of the params, got '
+        f'{mask!r} (for no decay pass weight_decay=0, for all leave mask None). A function '
+        'under ' + _checks.INJECTED_FUNCTION.format(name='mask')
+    )
   return optax.chain(
       scale_by_gsnr(eps=eps, normalize=normalize),
       _momentum(momentum, mu_dtype),

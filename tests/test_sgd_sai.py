@@ -467,6 +467,34 @@ def test_mask_excludes_biases_from_weight_decay():
     np.testing.assert_allclose(ours[-1][k], want[-1][k], rtol=1e-6, atol=1e-6)
 
 
+def test_a_leaf_waiting_for_a_finite_gradient_moves_nothing_and_keeps_no_nan():
+  # Its g-SNR of 0 times the NaN was NaN: in the momentum, and on the parameter, for good.
+  tx = sgd_sai(0.1, weight_decay=0.0)
+  params = {'w': jnp.array([1.0, 2.0, 3.0, 4.0])}
+  state = tx.init(params)
+  step = jax.jit(tx.update)
+  for g in ([jnp.nan, 1.0, 2.0, 3.0], [0.5, -1.0, 2.0, 1.0], [0.5, -1.0, 2.0, 1.0]):
+    updates, state = step({'w': jnp.array(g)}, state, params)
+    assert bool(jnp.all(jnp.isfinite(updates['w']))), updates
+    params = optax.apply_updates(params, updates)
+  assert bool(jnp.all(jnp.isfinite(state[1].mu['w']))) and bool(state[0].computed['w'])
+  alone, _ = scale_by_gsnr().update({'w': jnp.array([jnp.inf, 1.0])}, scale_by_gsnr().init(params))
+  assert alone['w'].tolist() == [0.0, 0.0]  # waits, and gives zeros
+
+
+def test_a_mask_function_under_inject_hyperparams_says_to_list_it_as_static():
+  # inject_hyperparams called the function with the step count: a 0-d False that masked out
+  # every leaf, so nothing decayed.
+  mask = lambda p: jax.tree.map(lambda x: x.ndim > 1, p)  # noqa: E731
+  params = {'w': jnp.ones((2, 2)), 'b': jnp.ones(2)}
+  with pytest.raises(TypeError, match="static_args=\\('mask',\\)"):
+    optax.inject_hyperparams(sgd_sai)(learning_rate=0.1, weight_decay=0.5, mask=mask).init(params)
+  tx = optax.inject_hyperparams(sgd_sai, static_args=('mask',))(0.1, weight_decay=0.5, mask=mask)
+  state = tx.init(params)
+  updates, _ = tx.update({'w': jnp.ones((2, 2)), 'b': jnp.ones(2)}, state, params)
+  assert float(updates['w'][0, 0]) < float(updates['b'][0])  # 'w' decays, 'b' does not
+
+
 def test_inject_hyperparams():
   rng = np.random.default_rng(11)
   params = random_tree(rng, SHAPES)
