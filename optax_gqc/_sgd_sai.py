@@ -334,9 +334,9 @@ def sgd_sai(
   ):
     # What optax.inject_hyperparams passes for a function: its value at the step count.
     raise TypeError(
-        f'mask must be a tree of bools shaped like the params, or a function of the params, got '
-        f'{mask!r} (for no decay pass weight_decay=0, for all leave mask None). A function '
-        'under ' + _checks.INJECTED_FUNCTION.format(name='mask')
+        f'mask must be a tree of bools shaped like the params, or a function of the params, '
+        f'got {mask!r} (pass weight_decay=0 for no decay, or mask=None to decay every leaf). '
+        'A function under ' + _checks.INJECTED_FUNCTION.format(name='mask')
     )
   return optax.chain(
       scale_by_gsnr(eps=eps, normalize=normalize),
