@@ -137,6 +137,18 @@ def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientT
   """
   _checks.check_positive('eps', eps, finite=True)
   _checks.check_bool('normalize', normalize)
+  return _scale_by_gsnr(eps, normalize)
+
+
+def _scale_by_gsnr(eps: float, normalize: bool, dtype: Any | None = None):
+  """:func:`scale_by_gsnr`, its scaled updates in at least ``dtype``.
+
+  :func:`sgd_sai` passes its ``mu_dtype``: a float16 gradient times its g-SNR
+  then reaches a float32 momentum without overflowing float16 on the way.
+  """
+
+  def out_dtype(u):
+    return u.dtype if dtype is None else jnp.promote_types(u.dtype, dtype)
 
   def init_fn(params):
     return ScaleByGsnrState(
@@ -183,7 +195,10 @@ def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientT
       gsnr, normalizer = old, state.normalizer
     # A leaf that waits gives zeros: its g-SNR of 0 times a NaN gradient would be NaN.
     updates = treedef.unflatten(
-        [jnp.where(c, s * u, 0).astype(u.dtype) for u, s, c in zip(leaves, gsnr, done, strict=True)]
+        [
+            jnp.where(c, s * u, 0).astype(out_dtype(u))
+            for u, s, c in zip(leaves, gsnr, done, strict=True)
+        ]
     )
     return updates, ScaleByGsnrState(
         computed=treedef.unflatten(done),
@@ -299,7 +314,11 @@ def sgd_sai(
       ``mask`` in its ``static_args``).
     normalize: divide every g-SNR by the largest one.
     mu_dtype: dtype of the momentum buffer; by default the params' dtype.
-      The g-SNR is always computed and kept in float32.
+      The g-SNR is always computed and kept in float32. A wider ``mu_dtype``
+      also holds the gradient times its g-SNR on its way into the buffer: with
+      float16 params, pass ``jnp.float32`` (a g-SNR of 1e3 times a gradient of
+      70 overflows float16, while the reference, which applies the g-SNR to
+      the step, does not).
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`; it needs ``params`` in
@@ -339,7 +358,7 @@ def sgd_sai(
         'A function under ' + _checks.INJECTED_FUNCTION.format(name='mask')
     )
   return optax.chain(
-      scale_by_gsnr(eps=eps, normalize=normalize),
+      _scale_by_gsnr(eps, normalize, mu_dtype),
       _momentum(momentum, mu_dtype),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),

@@ -444,6 +444,24 @@ def test_bf16_params(mu_dtype):
     )
 
 
+def test_fp16_params_with_a_float32_buffer_keep_the_scaled_gradient_in_float32():
+  # A g-SNR of about 1.5e3 times gradients of about 100 is past float16's
+  # largest finite value (65504); the reference applies the g-SNR to the step.
+  rng = np.random.default_rng(10)
+  params = {k: jnp.asarray(v, jnp.float16) for k, v in random_tree(rng, {'w': (256,)}).items()}
+  grads = [
+      {
+          k: jnp.asarray(v, jnp.float16)
+          for k, v in random_tree(rng, {'w': (256,)}, shift=100).items()
+      }
+      for _ in range(2)
+  ]
+  ours, state = run(sgd_sai(1e-4, weight_decay=0.0, mu_dtype=jnp.float32), params, grads)
+  want = golden(as_np(params), [as_np(g) for g in grads], lambda t: 1e-4, 0.9, 0.0)
+  assert float(optax.tree.get(state, 'gsnr')['w']) * 100 > float(np.finfo(np.float16).max)
+  np.testing.assert_allclose(np.asarray(ours[-1]['w'], np.float32), want[-1]['w'], rtol=5e-3)
+
+
 def test_mask_excludes_biases_from_weight_decay():
   rng = np.random.default_rng(10)
   shapes = {'w1': (6, 4), 'b1': (4,), 'w2': (4, 3), 'b2': (3,)}
