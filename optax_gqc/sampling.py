@@ -17,7 +17,10 @@ Variances are sample variances (Bessel's correction). The statistics are
 *whole-vector*: the pytree is one vector, so :math:`\sum_j \operatorname{Var}_j`
 runs over every coordinate of every leaf and :math:`g_i \cdot \bar g` is the
 global inner product. (AdAdaGrad's reference code sums per-tensor statistics,
-which for the inner-product test is not the same number.)
+which for the inner-product test is not the same number.) They are taken on
+the gradients divided by a power of two near their largest entry, so the
+decisions hold at any scale float32 holds: the inner-product test's fourth
+powers would otherwise overflow near gradients of 1e10 and vanish near 1e-10.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -84,14 +87,23 @@ def _flat(grads: Any) -> jax.Array:
 
 
 def _parts(grads: Any):
+  """The matrix divided by ``scale``, a power of two near its largest entry (1 if none)."""
   g = _flat(grads)
+  top = jnp.max(jnp.abs(g))
+  _, exponent = jnp.frexp(jnp.where(jnp.isfinite(top) & (top > 0), top, 1.0))
+  scale = jnp.ldexp(jnp.ones([], jnp.float32), exponent - 1)
+  g = g / scale  # exact: a power of two
   b = g.shape[0]
   mean = jnp.mean(g, axis=0)
-  return g, b, mean, jnp.sum(jnp.square(mean))
+  return g, b, mean, jnp.sum(jnp.square(mean)), scale
 
 
-def _result(statistic, bound):
-  return TestResult(statistic <= bound, statistic, bound)
+def _result(statistic, bound, scale, power):
+  """Decided on the scaled numbers; reported in the gradients' own units."""
+  passed = statistic <= bound
+  for _ in range(power):  # one power of two at a time: rounds only past float32's range
+    statistic, bound = statistic * scale, bound * scale
+  return TestResult(passed, statistic, bound)
 
 
 def _trace_var(g, mean, b):
@@ -123,8 +135,8 @@ def norm_test(grads: Any, eta: float) -> TestResult:
     A :class:`TestResult`.
   """
   _checks.check_positive('eta', eta)
-  g, b, mean, mean_sq = _parts(grads)
-  return _result(_trace_var(g, mean, b) / b, eta**2 * mean_sq)
+  g, b, mean, mean_sq, scale = _parts(grads)
+  return _result(_trace_var(g, mean, b) / b, eta**2 * mean_sq, scale, 2)
 
 
 def inner_product_test(grads: Any, theta: float) -> TestResult:
@@ -140,8 +152,8 @@ def inner_product_test(grads: Any, theta: float) -> TestResult:
     A :class:`TestResult`.
   """
   _checks.check_positive('theta', theta)
-  g, b, mean, mean_sq = _parts(grads)
-  return _result(_inner_var(g, mean) / b, theta**2 * mean_sq**2)
+  g, b, mean, mean_sq, scale = _parts(grads)
+  return _result(_inner_var(g, mean) / b, theta**2 * mean_sq**2, scale, 4)
 
 
 def orthogonality_test(grads: Any, nu: float) -> TestResult:
@@ -158,8 +170,8 @@ def orthogonality_test(grads: Any, nu: float) -> TestResult:
     A :class:`TestResult`.
   """
   _checks.check_positive('nu', nu)
-  g, b, mean, mean_sq = _parts(grads)
-  return _result(_orth_sum(g, mean, mean_sq) / b, nu**2 * mean_sq)
+  g, b, mean, mean_sq, scale = _parts(grads)
+  return _result(_orth_sum(g, mean, mean_sq) / b, nu**2 * mean_sq, scale, 2)
 
 
 def propose_batch_size(
@@ -179,6 +191,11 @@ def propose_batch_size(
   :math:`\operatorname{Var}(g_i \cdot \bar g) / (\theta^2 \|\bar g\|^4)` and
   :math:`\frac{1}{b-1}\sum_i \|g_i^\perp\|^2 / (\nu^2 \|\bar g\|^2)`. Capped at
   ``max_batch_size``.
+
+  A zero mean gradient asks for the cap where the gradients spread, and for
+  ``b`` where they are all equal (the tests pass). Gradients with a NaN or an
+  infinity propose ``b``: no statistic can be read from them, and the tests
+  fail on them (a NaN statistic).
 
   Args:
     grads: stacked per-example gradients (leading axis ``b >= 2``).
@@ -203,7 +220,7 @@ def propose_batch_size(
   for name, value in (('eta', eta), ('theta', theta), ('nu', nu)):
     if value is not None:
       _checks.check_positive(name, value)
-  g, b, mean, mean_sq = _parts(grads)
+  g, b, mean, mean_sq, _ = _parts(grads)
   if max_batch_size is not None:
     _checks.check_positive_int('max_batch_size', max_batch_size)
     if max_batch_size < b:
@@ -219,6 +236,10 @@ def propose_batch_size(
         _orth_sum(g, mean, mean_sq) / (nu**2 * mean_sq),
     )
   cap = float(2**31 - 1 if max_batch_size is None else max_batch_size)
-  # A zero mean gradient asks for infinitely many samples (a NaN ratio): the cap.
-  wanted = jnp.where(jnp.isnan(wanted), jnp.inf, wanted)
+  # A zero mean with any spread asks for infinitely many samples: the cap. Equal
+  # gradients (no spread), or gradients that are not finite, give no reason to grow.
+  spread = _trace_var(g, mean, b) > 0
+  wanted = jnp.where(mean_sq > 0, wanted, jnp.where(spread, jnp.inf, 0.0))
+  wanted = jnp.where(jnp.isfinite(jnp.sum(g)), wanted, 0.0)
+  wanted = jnp.where(jnp.isnan(wanted), jnp.inf, wanted)  # a mean vanishing in its squares
   return jnp.minimum(jnp.ceil(jnp.maximum(float(b), wanted)), cap).astype(jnp.int32)

@@ -120,3 +120,34 @@ def test_a_test_parameter_must_be_positive(grads, test, name):
 def test_needs_two_samples():
   with pytest.raises(ValueError, match='at least 2'):
     sampling.norm_test({'w': jnp.ones((1, 3))}, 0.5)
+
+
+@pytest.mark.parametrize('power', [-60, -40, 40, 60])
+def test_the_decisions_hold_at_any_gradient_scale(grads, power):
+  # The inner-product test's fourth powers leave float32 near gradients of 1e10 and 1e-10.
+  tests = ((sampling.norm_test, 0.2, 2), (sampling.inner_product_test, 0.1, 4))
+  tests += ((sampling.orthogonality_test, 0.2, 2),)
+  scaled = jax.tree.map(lambda x: x * 2.0**power, grads)
+  for test, arg, degree in tests:
+    want, got = test(grads, arg), test(scaled, arg)
+    assert bool(got.passed) == bool(want.passed)
+    if abs(power * degree) < 100:  # in float32's range: the same numbers, in the new units
+      assert float(got.statistic) == pytest.approx(float(want.statistic) * 2.0 ** (power * degree))
+      assert float(got.bound) == pytest.approx(float(want.bound) * 2.0 ** (power * degree))
+  assert {bool(test(grads, arg).passed) for test, arg, _ in tests} == {True, False}
+  for kwargs in ({'eta': 0.1}, {'theta': 0.1, 'nu': 0.1}):
+    want = int(sampling.propose_batch_size(grads, **kwargs))
+    assert int(sampling.propose_batch_size(scaled, **kwargs)) == want > 12
+
+
+def test_equal_or_non_finite_gradients_propose_the_batch(grads):
+  for kwargs in ({'eta': 0.5}, {'theta': 0.3, 'nu': 0.7}):
+    assert int(sampling.propose_batch_size({'a': jnp.zeros((12, 5))}, **kwargs)) == 12
+    assert bool(sampling.norm_test({'a': jnp.ones((12, 5))}, 0.5).passed)
+    assert int(sampling.propose_batch_size({'a': jnp.ones((12, 5))}, **kwargs)) == 12
+    for bad in (np.nan, np.inf):
+      broken = {**grads, 'b': grads['b'].at[0, 0].set(bad)}
+      assert int(sampling.propose_batch_size(broken, **kwargs)) == 12
+      assert not bool(sampling.norm_test(broken, 0.5).passed)
+    zero_mean = jax.tree.map(lambda x: jnp.concatenate([x[:6], -x[:6]]), grads)
+    assert int(sampling.propose_batch_size(zero_mean, max_batch_size=64, **kwargs)) == 64
