@@ -217,6 +217,23 @@ def test_float64_values_beyond_float32_are_refused_not_made_inf():
 
 
 @needs_torch
+def test_numpy_arrays_in_another_byte_order_reach_torch_and_masked_ones_are_refused():
+  for dtype in ('>f8', '>f4', '>i8', '>i4', '>f2', '>c16'):
+    a = np.arange(-2, 3).astype(dtype)
+    t = tshim.to_torch(a)
+    assert str(t.dtype) == f'torch.{a.dtype.newbyteorder("=")}' and t.tolist() == a.tolist()
+  assert tshim.to_torch(np.array(1.5, '>f8')[()]).item() == 1.5  # a scalar
+  with pytest.raises(TypeError, match=r'mask.*a\.filled'):
+    tshim.to_torch(np.ma.masked_array([1.0, 2.0], mask=[False, True]))
+  model = torch.nn.Linear(2, 1).double()
+  with pytest.raises(TypeError, match='mask'):
+    tshim.load_into(model, {'weight': np.ma.zeros((1, 2)), 'bias': np.zeros(1)})
+  if np.dtype(np.longdouble).itemsize > 8:  # extended precision on this machine
+    with pytest.raises(TypeError, match='cast it to float64'):
+      tshim.to_torch(np.ones(2, np.longdouble))
+
+
+@needs_torch
 def test_torch_tensors_given_as_values_keep_their_dtype():
   # Through jnp.asarray a float64 tensor lost its last bits, and a bfloat16 one raised.
   model = torch.nn.Linear(2, 1).double()

@@ -142,7 +142,9 @@ def to_torch(array: Any, device: torch.device | str | None = None) -> torch.Tens
 
   A NumPy array or a torch tensor keeps its dtype, 64-bit ones included,
   which :func:`jax.numpy.asarray` would narrow while ``jax_enable_x64`` is
-  off.
+  off. A NumPy array in the other byte order arrives in torch's; a masked
+  array (its mask would be lost) and an extended-precision one
+  (``np.longdouble``, which torch lacks) raise a :class:`TypeError`.
 
   Args:
     array: a :class:`jax.Array`, a torch tensor, or anything
@@ -163,6 +165,22 @@ def to_torch(array: Any, device: torch.device | str | None = None) -> torch.Tens
   return tensor
 
 
+def _native(a: np.ndarray | np.generic) -> np.ndarray | np.generic:
+  """The NumPy array in this machine's byte order; a masked or extended-precision one refused."""
+  if isinstance(a, np.ma.MaskedArray):
+    raise TypeError(
+        'to_torch: a masked array would lose its mask (torch has none): pass a.filled(value), '
+        'or a.data for the values under the mask too'
+    )
+  if (a.dtype.kind, a.dtype.itemsize) in (('f', 16), ('f', 12), ('c', 32), ('c', 24)):
+    wide = 'float64' if a.dtype.kind == 'f' else 'complex128'
+    raise TypeError(
+        f'to_torch: torch has no {a.dtype} (extended precision): cast it to {wide} first, '
+        'which rounds it'
+    )
+  return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder('='))
+
+
 def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
   """Applies :func:`to_torch` to every leaf of a pytree (and waits once, on a GPU)."""
   leaves, treedef = jax.tree.flatten(tree)
@@ -175,6 +193,7 @@ def _copies_to_torch(arrays: list[Any], device: torch.device | str | None) -> li
   A torch tensor is its own view; a wide NumPy array is viewed by NumPy, so it keeps its dtype;
   anything else is viewed by DLPack, through JAX.
   """
+  arrays = [_native(a) if isinstance(a, np.ndarray | np.generic) else a for a in arrays]
   views = [
       a.detach()  # copied as it is: through JAX it would be narrowed, or refused (bfloat16)
       if isinstance(a, torch.Tensor)

@@ -328,6 +328,12 @@ def first_divergence(
   one side does not report (torch-gqc's ``last_grad_norm`` before the first
   step) is not compared.
 
+  The default ``rtol`` suits float32 parameters. Others need their own: the
+  two sides round differently within the first steps, by a bfloat16 rounding
+  for bfloat16 parameters (its epsilon is 2**-7: an ``rtol`` of about 1e-2;
+  an Adam replay of 20 steps needs it) and by a float16 one for float16
+  parameters (about 1e-3).
+
   Args:
     records: the output of :func:`replay`.
     rtol: relative tolerance.
