@@ -127,20 +127,23 @@ def frontier_loss_at(frontier: Sequence[tuple[float, float]], steps: float) -> f
   """The frontier's loss at ``steps``: linear in log(steps) between its neighbours.
 
   Args:
-    frontier: ``(steps, loss)`` points, in any order.
+    frontier: ``(steps, loss)`` points, in any order; of several at one
+      step count, the lowest loss is the frontier's (a NaN only if all are).
     steps: where to read it.
 
   Returns:
     The interpolated loss; None outside the frontier's range of steps (no
-    extrapolation) or with fewer than two points.
+    extrapolation) or with fewer than two step counts.
   """
-  points = sorted(frontier)
+  best = {}
+  for s, loss in frontier:
+    if s not in best or loss < best[s] or math.isnan(best[s]):
+      best[s] = loss
+  points = sorted(best.items())
   if len(points) < 2 or not points[0][0] <= steps <= points[-1][0]:
     return None
   for (s0, l0), (s1, l1) in zip(points, points[1:], strict=False):
     if s0 <= steps <= s1:
-      if s1 == s0:
-        return min(l0, l1)
       w = (math.log(steps) - math.log(s0)) / (math.log(s1) - math.log(s0))
       return l0 + w * (l1 - l0)
   return None  # unreachable
@@ -547,9 +550,10 @@ def table(result: Mapping[str, Any], title: str = '') -> list[str]:
     m, b = a['margin'], a['best_margin']
     interval = '-' if m['low'] is None else f"[{m['low']:+.3f}, {m['high']:+.3f}]"
     missing = len(a['margins']) - m['n']
+    steps = '-' if a['step_ratio'] is None else f"{a['step_ratio']:.2f}x"
     lines.append(
         f"{name:16s} {_fmt(m['mean']):>7s} {interval:>17s} {_fmt(m['min']):>8s} "
-        f"{_fmt(b['mean']):>18s} {_fmt(a['step_ratio'], '.2f') + 'x':>6s}"
+        f"{_fmt(b['mean']):>18s} {steps:>6s}"
         + (f" ({m['n']} of {len(a['margins'])} seeds)" if missing else '')
     )
   return lines

@@ -150,6 +150,9 @@ def test_the_step_ratio_is_over_the_seeds_with_a_margin():
       ]
   )
   assert arm['step_ratio'] == pytest.approx(0.4)  # not 0.3, with the seed the margin leaves out
+  arm = study._summarize([{'seed': 0, 'margin': None, 'best_margin': None, 'step_ratio': None}])
+  (line,) = study.table({'ks': [1], 'frontier': {}, 'arms': {'a': arm}})[-1:]
+  assert line.split()[:6] == ['a', '-', '-', '-', '-', '-'] and '-x' not in line
 
 
 def test_a_run_that_diverged_has_no_step_ratio():
@@ -237,6 +240,12 @@ def test_frontier_loss_at_is_linear_in_log_steps():
   assert study.frontier_loss_at(frontier, math.sqrt(50 * 100)) == pytest.approx(2.25)
   assert study.frontier_loss_at(frontier, 20) is None  # no extrapolation
   assert study.frontier_loss_at(frontier, 101) is None
+  # Of two points at one step count the lower is the frontier, on both sides of it.
+  frontier += [(100, 2.2), (200, 1.5), (200, math.nan)]
+  assert study.frontier_loss_at(frontier, 100) == 2.0
+  assert 1.5 < study.frontier_loss_at(frontier, 101) < 2.0
+  assert study.frontier_loss_at(frontier, 200) == 1.5
+  assert study.frontier_loss_at([(100, 2.0), (100, 1.0)], 100) is None  # one step count
 
 
 def test_paired_interval_is_the_t_interval_of_the_mean():
