@@ -196,7 +196,9 @@ def noise_scale(
 
   Place it on the local gradients, before they are averaged. It costs one
   ``pmean`` of the gradient, and scalar work. A step whose gradients are not
-  finite (on any device) leaves the estimates as they were. Over an axis of
+  finite (on any device) leaves the estimates as they were, and so does one
+  whose ``decay`` is outside [0, 1) (a traced one, under
+  :func:`optax.inject_hyperparams`; a number is checked here). Over an axis of
   one device there is no second batch: the state stays as ``init`` made it,
   with a NaN noise scale (no estimate). On one device,
   :func:`optax_gqc.accumulate` estimates the same quantity from its
@@ -285,7 +287,8 @@ def noise_scale(
     small_sq = jax.lax.pmean(sq_norm(updates), axis_name)
     big_sq = sq_norm(jax.lax.pmean(updates, axis_name))
     grad_sq, trace = estimates(batch, small_sq, devices * batch, big_sq)
-    return updates, fold(state, grad_sq, trace, decay)
+    decay_ok = (jnp.asarray(decay) >= 0) & (jnp.asarray(decay) < 1)  # traced, it is unchecked
+    return updates, fold(state, grad_sq, trace, decay, where=decay_ok)
 
   return optax.GradientTransformation(init_fn, update_fn)
 

@@ -156,15 +156,22 @@ def _check_typed(state: Any) -> None:
   empty fields: what it holds cannot be read reliably.
   """
   if isinstance(state, Mapping):
-    for name, fields in _SIGNATURES.items():
-      if fields <= set(state):
-        raise TypeError(
-            f'statistics: the state holds a {name} as a mapping of its fields, as '
-            'nnx.state(optimizer), nnx.to_pure_dict or a checkpoint restored without a target '
-            'keep it, without the types that statistics reads. Pass optimizer.opt_state (or '
-            'the nnx.Optimizer), or restore the checkpoint onto a target, '
-            'jax.eval_shape(tx.init, params)'
-        )
+    held = [name for name, fields in _SIGNATURES.items() if fields <= set(state)]
+    count = state.get('count')
+    if (
+        hasattr(count, 'dtype')
+        and jnp.ndim(count) == 0
+        and jnp.issubdtype(count.dtype, jnp.integer)
+    ):
+      held.append('Optax state that counts its updates (ScaleByAdamState, say)')  # num_steps
+    if held:
+      raise TypeError(
+          f"statistics: the state holds {'an' if held[0][0] in 'AEIOU' else 'a'} {held[0]} as a "
+          'mapping of its fields, as nnx.state(optimizer), nnx.to_pure_dict or a checkpoint '
+          'restored without a target keep it, without the types that statistics reads. Pass '
+          'optimizer.opt_state (or the nnx.Optimizer), or restore the checkpoint onto a target, '
+          'jax.eval_shape(tx.init, params)'
+      )
     values = state.values()
   elif isinstance(state, tuple | list):
     values = state

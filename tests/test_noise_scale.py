@@ -179,6 +179,24 @@ def test_a_gradient_that_is_not_finite_leaves_the_estimates_as_they_were():
   assert float(acc_state.noise.weight) > 0 and np.isfinite(float(acc_state.noise.noise_scale))
 
 
+def test_a_traced_decay_outside_its_range_leaves_the_estimates_as_they_were():
+  # Under inject_hyperparams one NaN decay held the EMAs at NaN for good.
+  tx = optax.inject_hyperparams(optax_gqc.noise_scale, static_args=('axis_name',))(
+      decay=0.5, axis_name='d'
+  )
+  update = jax.jit(jax.vmap(tx.update, axis_name='d', in_axes=(0, None), out_axes=(0, None)))
+  clean = {'w': jnp.array([[1.0, 2.0], [3.0, 0.0]])}
+  state = tx.init({'w': jnp.zeros(2)})
+  _, good = update(clean, state)
+  for bad in (jnp.nan, 1.0, -0.5):
+    state.hyperparams['decay'] = jnp.asarray(bad)
+    _, state = update(clean, state)
+    assert float(state.inner_state.weight) == 0.0
+  state.hyperparams['decay'] = jnp.asarray(0.5)
+  _, state = update(clean, state)
+  assert float(state.inner_state.noise_scale) == float(good.inner_state.noise_scale)
+
+
 def test_standalone_noise_scale_takes_a_list_of_axes_as_a_tuple():
   grads = {'w': jnp.array([[1.0, 2.0], [0.0, 1.0]])}
   scales = []

@@ -98,6 +98,14 @@ def test_a_bad_scheduled_target_gives_a_zero_update_and_is_counted():
   assert int(optax_gqc.statistics(state)['num_bad_hyperparams']) == 2
 
 
+def test_an_integer_update_is_refused_not_truncated():
+  # [3, 4] scaled to norm 2 became [1, 1], and to norm 0.5 a zero update.
+  tx = optax_gqc.scale_to_norm(2.0)
+  g = {'w': jnp.array([3, 4]), 'b': jnp.ones(2)}
+  with pytest.raises(TypeError, match=r"\['w'\] has dtype int32.*Cast it to a float"):
+    jax.jit(tx.update)(g, tx.init(g))
+
+
 def test_scale_to_norm_keeps_bf16():
   g = grads(1, jnp.bfloat16)[0]
   tx = optax_gqc.scale_to_norm(1.0)

@@ -292,8 +292,9 @@ def _as_dicts(tree):
         lambda: optax_gqc.gnr(optax.sgd(0.1), 1.0),
         lambda: optax_gqc.sgd_sai(0.1),
         lambda: optax.MultiSteps(optax.adam(0.1), 2),
+        lambda: optax.adamw(0.1),  # num_steps from its count; it read as {}
     ],
-    ids=['gnts', 'gnr', 'sgd_sai', 'multisteps'],
+    ids=['gnts', 'gnr', 'sgd_sai', 'multisteps', 'adamw'],
 )
 def test_a_state_kept_as_a_mapping_of_its_fields_raises_rather_than_misreads(make):
   # As nnx.state(optimizer) or a checkpoint restored without a target keep it:
