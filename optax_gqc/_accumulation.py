@@ -404,6 +404,21 @@ def _draw_stats(state: AccumulateState, grad_sq: jax.Array, acc_sq: jax.Array) -
   )
 
 
+def _mean_as(acc: jax.Array, n: jax.Array, dtype: Any) -> jax.Array:
+  """The mean ``acc / n`` in the gradients' ``dtype``.
+
+  The mean of finite gradients is within their dtype's range, but a bfloat16
+  accumulator of float16 gradients may round it past (65504 to 65536): where
+  the accumulator's range is wider, a finite mean is clipped to the gradients'.
+  """
+  mean = acc / n
+  if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(acc.dtype).max > jnp.finfo(dtype).max:
+    mean = mean.astype(jnp.promote_types(acc.dtype, dtype))  # holds both ranges' ends
+    top = float(jnp.finfo(dtype).max)
+    mean = jnp.where(jnp.isinf(mean), mean, jnp.clip(mean, -top, top))
+  return mean.astype(dtype)
+
+
 def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, apply):
   """The cond's two branches: step the inner optimizer on the mean, or pass through.
 
@@ -419,7 +434,7 @@ def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, appl
   step_shapes = []
 
   def do_step(accumulator, inner_state, params):
-    mean = jax.tree.map(lambda acc, dt: (acc / n).astype(dt), accumulator, grad_dtypes)
+    mean = jax.tree.map(lambda acc, dt: _mean_as(acc, n, dt), accumulator, grad_dtypes)
     new_updates, new_state = _inner_update(inner, extra_args, mean, inner_state, params)
     new_state = optax.tree.cast_like(new_state, inner_state)
     # Without it, XLA:GPU turns the cond into selects and steps on every microbatch.

@@ -673,7 +673,7 @@ def relative_error_below(eta: optax.ScalarOrSchedule) -> Gate:
 
   i.e. the expected squared error of the mean is at most :math:`\eta^2` times
   its squared norm. From the engine's running scalars: constant memory. It
-  never steps at :math:`n = 1`. :math:`V` is a difference of float32 sums, so
+  never steps at :math:`n = 1`, nor on a zero mean. :math:`V` is a difference of float32 sums, so
   it resolves about :math:`10^{-7} \sum_i \|g_i\|^2`: an ``eta`` below about
   ``3e-4`` asks for more than that, and the test then reads rounding.
 
@@ -695,7 +695,8 @@ def relative_error_below(eta: optax.ScalarOrSchedule) -> Gate:
     n = stats.num_draws
     mean_sq = jnp.square(stats.acc_norm)
     trace = jnp.maximum(stats.sum_sq_norms - n * mean_sq, 0.0) / jnp.maximum(n - 1, 1)
-    return (n >= 2) & (trace / n <= jnp.square(eta_value) * mean_sq)
+    # A zero mean has no relative error to bound (0 <= 0): it waits, as norm_below does.
+    return (n >= 2) & (mean_sq > 0) & (trace / n <= jnp.square(eta_value) * mean_sq)
 
   return _scheduled_gate('eta', eta, rule)
 

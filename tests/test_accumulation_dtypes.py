@@ -1,5 +1,7 @@
 """The engine on mixed-precision, complex and float64 parameters."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -217,6 +219,25 @@ def test_a_long_bfloat16_sum_rounds_new_microbatches_away():
   assert mean_of(16, jnp.bfloat16) == pytest.approx(1 / 3, rel=0.01)
   assert mean_of(256, jnp.bfloat16) == pytest.approx(1 / 3, rel=0.05)
   assert mean_of(1024, jnp.bfloat16) == 0.125
+
+
+def test_a_bfloat16_sum_of_float16_gradients_keeps_the_mean_in_float16s_range():
+  # bfloat16 rounds 65504, float16's largest, to 65536, which float16 makes inf.
+  params = {'w': jnp.zeros(2, jnp.float16)}
+  tx = optax_gqc.sbc(optax.sgd(-1.0), 2, 1, accumulator_dtype=jnp.bfloat16)
+  g = {'w': jnp.array([65504.0, 1.0], jnp.float16)}
+  for path in ('optax', 'fused'):
+    p, state = params, tx.init(params)
+    for _ in range(2):
+      if path == 'fused':
+        p, state = jax.jit(functools.partial(optax_gqc.update_and_apply, tx))(g, state, p)
+      else:
+        updates, state = jax.jit(tx.update)(g, state, p)
+        p = optax.apply_updates(p, updates)
+    assert p['w'].tolist() == [65504.0, 1.0] and int(state.num_skipped) == 0
+  inf = {'w': jnp.array([jnp.inf, 1.0], jnp.float16)}  # an infinite mean stays infinite
+  tx = optax_gqc.sbc(optax.sgd(-1.0), 1, 1, accumulator_dtype=jnp.bfloat16, skip_nonfinite=False)
+  assert jax.jit(tx.update)(inf, tx.init(params), params)[0]['w'].tolist() == [np.inf, 1.0]
 
 
 @pytest.mark.parametrize(

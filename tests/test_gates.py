@@ -81,6 +81,19 @@ def test_noise_ratio_and_norm_test_never_step_on_one_microbatch():
     assert decisions(tx, grads)[0] == [False, True, False, True, False]
 
 
+def test_the_relative_gates_wait_on_zero_gradients_until_forced():
+  # docs/robustness.md: the norm test read 0 <= eta^2 * 0 and stepped gnts(ratio=...) every two.
+  zeros = scaled_stream([0.0] * 12)
+  for tx in (
+      optax_gqc.norm_test_accumulation(optax.sgd(0.1), eta=0.5, max_draws=4),
+      optax_gqc.gnts(optax.sgd(0.1), ratio=0.5, max_draws=4),
+  ):
+    assert decisions(tx, zeros)[0] == [False, False, False, True] * 3
+  ones = scaled_stream([1.0] * 4)  # the same direction: no error, a non-zero mean
+  tx = optax_gqc.norm_test_accumulation(optax.sgd(0.1), eta=0.5, max_draws=4)
+  assert decisions(tx, [{'w': jnp.ones_like(g['w'])} for g in ones])[0] == [False, True] * 2
+
+
 @pytest.mark.parametrize('scheduled', [True, False], ids=['scheduled', 'constant'])
 def test_loss_interval_gate_matches_torch_gqc_rule(scheduled):
   # A scheduled confidence takes the t tail on device; a constant one, a table of quantiles.
