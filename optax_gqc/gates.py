@@ -136,17 +136,41 @@ def _outside(value: jax.Array, low: float = 0.0, high: float | None = None, *, s
   return ~inside
 
 
-def _count_bad(gate_state: Any, *bad: jax.Array) -> jax.Array:
+def _traced_outside(value: Any, low: float, high: float | None = None) -> jax.Array | None:
+  """``_outside`` for a constructor's number that ``inject_hyperparams`` may trace.
+
+  A number is checked at construction (None here: nothing in the program); a
+  traced one reaches the gate unchecked.
+  """
+  return _outside(value, low, high) if isinstance(value, jax.core.Tracer) else None
+
+
+def _kept_if(bad: jax.Array | None, old: jax.Array, new: jax.Array) -> jax.Array:
+  """``old`` where ``bad`` (a ``_traced_outside``), else ``new``."""
+  return new if bad is None else jnp.where(bad, old, new)
+
+
+def _any(*bad: jax.Array | None) -> jax.Array:
+  """Whether any of ``bad`` holds; a None (a ``_traced_outside`` of a number) never does."""
+  return jnp.any(jnp.stack([b for b in bad if b is not None]))
+
+
+def _count_bad(gate_state: Any, *bad: jax.Array | None) -> jax.Array:
   """``num_bad_hyperparams`` plus one if any of ``bad`` holds."""
-  return count_if(gate_state['num_bad_hyperparams'], jnp.any(jnp.stack(bad)))
+  return count_if(gate_state['num_bad_hyperparams'], _any(*bad))
 
 
 def _no_bad() -> jax.Array:
   return jnp.zeros([], jnp.int32)
 
 
-def _scheduled_gate(name: str, hyperparam: optax.ScalarOrSchedule, rule) -> Gate:
-  """A gate with one scheduled hyperparameter >= 0, reported under ``name``."""
+def _scheduled_gate(
+    name: str, hyperparam: optax.ScalarOrSchedule, rule, also_bad: jax.Array | None = None
+) -> Gate:
+  """A gate with one scheduled hyperparameter >= 0, reported under ``name``.
+
+  ``also_bad`` (a ``_traced_outside``) closes it and counts too.
+  """
 
   def init():
     return {
@@ -157,7 +181,7 @@ def _scheduled_gate(name: str, hyperparam: optax.ScalarOrSchedule, rule) -> Gate
   def update(stats, gate_state, **extra_args):
     del extra_args
     value = _value_at(name, hyperparam, stats.num_microbatches)
-    bad = _outside(value)
+    bad = _any(_outside(value), also_bad)
     return ~bad & rule(stats, value), {
         name: value,
         'num_bad_hyperparams': _count_bad(gate_state, bad),
@@ -236,11 +260,15 @@ def norm_below(
     # A bias-corrected EMA, as Adam's: after k norms the first weighs about
     # 1/k, so one outlier at the start (a zero gradient) does not hold the
     # unit for hundreds of microbatches.
+    decay_bad = _traced_outside(decay, 0.0, 1.0)  # the EMA keeps its value meanwhile
     raw = decay * gate_state['_norm_ema'] + (1.0 - decay) * stats.grad_norm
-    weight = decay * gate_state['_norm_weight'] + (1.0 - decay)
+    raw = _kept_if(decay_bad, gate_state['_norm_ema'], raw)
+    weight = _kept_if(
+        decay_bad, gate_state['_norm_weight'], decay * gate_state['_norm_weight'] + (1.0 - decay)
+    )
     unit = raw / weight
     ratio = _value_at('threshold', threshold, stats.num_microbatches)
-    bad = _outside(ratio)
+    bad = _any(_outside(ratio), decay_bad)
     limit = ratio * unit
     # While every norm seen is 0 the unit is 0, and 0 <= 0 would step on a
     # zero mean gradient: wait for a non-zero norm instead.
@@ -282,6 +310,7 @@ def batch_size_at_least(logical_batch_size: optax.ScalarOrSchedule, microbatch_s
       'logical_batch_size',
       logical_batch_size,
       lambda s, size: _examples(s.num_draws, microbatch_size) >= size,
+      _traced_outside(microbatch_size, 1),
   )
   return gate._replace(microbatch_size=microbatch_size)
 
@@ -619,11 +648,14 @@ def loss_interval(
           'pass its mean (value=loss.mean())'
       )
     loss = jnp.asarray(value, jnp.float32)
+    decay_bad = _traced_outside(decay, 0.0, 1.0)  # the EMA keeps its value meanwhile
     finite = jnp.isfinite(loss)
     n = jnp.where(stats.num_draws == 1, 0, gate_state['_num_losses']) + finite
     ema = gate_state['loss_ema']
-    ema = jnp.where(
-        finite, jnp.where(jnp.isnan(ema), loss, ema * decay + loss * (1.0 - decay)), ema
+    ema = _kept_if(
+        decay_bad,
+        ema,
+        jnp.where(finite, jnp.where(jnp.isnan(ema), loss, ema * decay + loss * (1.0 - decay)), ema),
     )
     mean_l, m2_l = _welford(
         gate_state['_loss_mean'], gate_state['_loss_m2'], loss, jnp.maximum(n, 1)
@@ -636,13 +668,13 @@ def loss_interval(
     scale = jnp.sqrt(m2 / n) / jnp.sqrt(n + 1.0) + 1e-12
     conf = _value_at('confidence', confidence, stats.num_microbatches)
     error = _value_at('percent_error', percent_error, stats.num_microbatches)
-    bad = (_outside(conf, 0.0, 1.0), _outside(error))
+    bad = (_outside(conf, 0.0, 1.0), _outside(error), decay_bad)
     ratio = error * mean / scale
     if quantile is None:  # a schedule, or a value traced by inject_hyperparams
       inside = two_sided_tail(jnp.maximum(ratio, 0.0), jnp.maximum(n, 1)) <= 1.0 - conf
     else:
       inside = ratio >= quantile(n)
-    step = ~jnp.any(jnp.stack(bad)) & (n >= 1) & (ratio >= 0) & inside
+    step = ~_any(*bad) & (n >= 1) & (ratio >= 0) & inside
     return step, {
         'confidence': conf,
         'percent_error': error,

@@ -1022,6 +1022,47 @@ def test_an_injected_nan_noise_decay_keeps_the_estimates_and_is_counted():
   assert int(out[-1]['num_bad_hyperparams']) == 2 and int(ref[-1]['num_bad_hyperparams']) == 0
 
 
+@pytest.mark.parametrize('bad', [jnp.nan, 1.0, 1.5])
+def test_an_injected_gate_decay_outside_its_range_keeps_the_ema_and_is_counted(bad):
+  # The EMA took it (a NaN, a frozen or an exploding average), and nothing counted it.
+  def relative(inner, decay):
+    return optax_gqc.accumulate(
+        inner, gates.norm_below(1e9, relative=True, decay=decay), max_draws=2
+    )
+
+  for factory, ema, values in (
+      (optax_gqc.mht, 'loss_ema', [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]),
+      (relative, 'grad_norm_ema', None),
+  ):
+    kwargs = {'confidence': 0.5, 'percent_error': 0.5, 'max_draws': 2} if values else {}
+    tx = optax.inject_hyperparams(factory)(optax.sgd(0.1), decay=0.5, **kwargs)
+
+    def poison(i, state):
+      state.hyperparams['decay'] = jnp.asarray(bad if i in (2, 3) else 0.5)
+      return state
+
+    out = run_stats(tx, num=6, values=values, state_hook=poison)
+    assert float(out[3][ema]) == float(out[1][ema]) != float(out[4][ema])
+    assert [int(s['num_bad_hyperparams']) for s in out] == [0, 0, 1, 2, 2, 2]
+    assert int(out[3]['num_forced']) == 1  # microbatches 2 and 3: closed, then forced
+
+
+def test_an_injected_microbatch_size_below_one_closes_the_gate_and_is_counted():
+  # With 0 no step came again (sbc has no max_draws by default), and nothing counted it.
+  tx = optax.inject_hyperparams(optax_gqc.sbc)(
+      optax.sgd(0.1), logical_batch_size=4, microbatch_size=2, max_draws=4
+  )
+
+  def zero(i, state):
+    state.hyperparams['microbatch_size'] = jnp.asarray(0 if i >= 2 else 2, jnp.int32)
+    return state
+
+  out = run_stats(tx, num=6, state_hook=zero)
+  assert [int(s['num_steps']) for s in out] == [0, 1, 1, 1, 1, 2]
+  assert [int(s['num_bad_hyperparams']) for s in out] == [0, 0, 1, 2, 3, 4]
+  assert int(out[-1]['num_forced']) == 1
+
+
 def test_sbc_with_no_max_draws_waits_out_a_nan_batch_size():
   # With no max_draws nothing forces a step: the accumulation waits until the
   # schedule is valid again, and counts the wait.
