@@ -196,7 +196,8 @@ def scheduled_accumulation(
       default whatever the params' dtype: in bfloat16 (what
       ``optax.inject_hyperparams`` would pick for bf16 params) Adam's
       ``b2=0.999`` rounds to 1 and its updates turn NaN.
-    **optimizer_kwargs: the other arguments of ``optimizer``.
+    **optimizer_kwargs: the other arguments of ``optimizer``: numbers, masks
+      and dtypes; a schedule goes in ``hyperparams``.
 
   Returns:
     An :class:`~optax_gqc.AccumulationTransformation`; the current values are
@@ -223,8 +224,17 @@ def scheduled_accumulation(
     _checks.check_schedule(f'hyperparams[{name!r}]', schedule)
   _check_optimizer(optimizer, hyperparams)
   _checks.check_float_dtype('hyperparam_dtype', hyperparam_dtype)
+  static = _static_args(optimizer_kwargs)
+  for name, value in optimizer_kwargs.items():
+    if callable(value) and name not in static:
+      raise TypeError(
+          f'{name} is a function: as an argument of the optimizer, inject_hyperparams would '
+          "make it a schedule of the inner optimizer's steps, whose pace the gate decides. "
+          f'Pass it in hyperparams ({{{name!r}: schedule}}), where it follows the microbatch '
+          "count (a recipe's own schedules do; build such a run with scheduled_accumulation)"
+      )
   inner = optax.inject_hyperparams(
-      optimizer, static_args=_static_args(optimizer_kwargs), hyperparam_dtype=hyperparam_dtype
+      optimizer, static_args=static, hyperparam_dtype=hyperparam_dtype
   )(**optimizer_kwargs, **{k: s(jnp.zeros([], jnp.int32)) for k, s in hyperparams.items()})
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
@@ -372,7 +382,9 @@ def _static_args(optimizer_kwargs: Mapping[str, Any]) -> tuple[str, ...]:
 
   They pass to the optimizer as they are: ``optax.inject_hyperparams`` would
   take them, as every function, for schedules of its step count. Any other
-  function stays such a schedule.
+  function is such a schedule: :func:`scheduled_accumulation` refuses it (the
+  gate paces the steps), ``gnr``'s recipes, which step on every microbatch,
+  keep it.
   """
   return tuple(
       name
