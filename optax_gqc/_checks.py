@@ -25,10 +25,10 @@ INJECTED_FUNCTION = (
 
 
 def is_number(value: Any) -> bool:
-  """Whether ``value`` is a real number or an array of them (a bool is not one)."""
-  return not isinstance(value, bool) and isinstance(
-      value, numbers.Real | np.ndarray | np.generic | jax.Array
-  )
+  """Whether ``value`` is a real number or an array of them (a bool, NumPy's too, is not one)."""
+  if isinstance(value, bool | np.bool_) or getattr(value, 'dtype', None) == np.bool_:
+    return False
+  return isinstance(value, numbers.Real | np.ndarray | np.generic | jax.Array)
 
 
 def concrete_float(name: str, value: Any, *, schedule: bool = False) -> float | None:
@@ -54,8 +54,9 @@ def concrete_float(name: str, value: Any, *, schedule: bool = False) -> float | 
   return float(value)
 
 
-def check_schedule(name: str, schedule: Any) -> None:
-  """Raises unless ``schedule`` maps a traced int32 step count to a scalar.
+def check_schedule(name: str, schedule: Any, *, allow_bool: bool = True) -> None:
+  """Raises unless ``schedule`` maps a traced int32 step count to a scalar (not a bool, if not
+  ``allow_bool``).
 
   Traces it once (``jax.eval_shape``, no computation), so that a schedule that
   cannot run under ``jax.jit`` fails here, with the fix, rather than at the
@@ -71,7 +72,7 @@ def check_schedule(name: str, schedule: Any) -> None:
     ) from e
   shape = getattr(out, 'shape', None)
   dtype = getattr(out, 'dtype', None)
-  if shape != () or not (jnp.issubdtype(dtype, jnp.number) or dtype == jnp.bool_):
+  if shape != () or not (jnp.issubdtype(dtype, jnp.number) or (allow_bool and dtype == jnp.bool_)):
     raise ValueError(
         f'{name}: the schedule must return a numeric scalar, got '
         f'{out if shape is None else f"shape {shape} of {dtype}"}: make it return one number '
@@ -89,7 +90,7 @@ def check_scalar_or_schedule(
   if isinstance(value, type | np.dtype):  # callable, but no schedule: t -> dtype(t)
     raise TypeError(f'{name} must be a number or a schedule, got the dtype {value!r}')
   if callable(value):
-    check_schedule(name, value)
+    check_schedule(name, value, allow_bool=False)  # True would be 1.0
     return
   v = concrete_float(name, value, schedule=True)
   if v is None:

@@ -517,6 +517,24 @@ AT_CONSTRUCTION = {
         'decay',
         r'must be a number, got a function: it is not scheduled',
     ),
+    'NumPy bool for a number': (
+        lambda: gates.batch_size_at_least(np.True_, 8),
+        TypeError,
+        'logical_batch_size',
+        r'got bool np.True_',
+    ),
+    'JAX bool array for a number': (
+        lambda: optax_gqc.gnts(sgd(), jnp.array(True)),
+        TypeError,
+        'threshold',
+        r'must be a number or a schedule',
+    ),
+    'schedule that returns a bool': (
+        lambda: gates.norm_below(lambda t: t >= 1),
+        ValueError,
+        'threshold',
+        r'numeric scalar, got shape \(\) of bool',
+    ),
     'dtype for a schedule': (
         lambda: optax_gqc.mht(sgd(), jnp.float32, 0.05),
         TypeError,
