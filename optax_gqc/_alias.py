@@ -1,5 +1,6 @@
 """The published GQC algorithms: the engine composed with a gate."""
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -102,8 +103,8 @@ def gnts(
 
   Raises:
     ValueError: if more than one of ``threshold``, ``ratio`` and ``fraction``
-      is given, ``eta`` without ``ratio`` or ``threshold``, or ``max_draws=None``
-      with the noise-following gate.
+      is given, ``eta`` without ``ratio`` or ``threshold``, or ``max_draws``
+      None or 1 with the noise-following gate.
 
   Example:
     >>> import jax, jax.numpy as jnp, optax, optax_gqc
@@ -152,6 +153,13 @@ def gnts(
         'refreshed only at steps, so it would stop stepping for good. Give max_draws (64 by '
         'default), or pass ratio=... or threshold=... for a gate that needs no limit'
     )
+  if noise_following and isinstance(max_draws, numbers.Integral) and max_draws is not True:
+    if max_draws == 1:  # below 1, or not an integer, is accumulate's error
+      raise ValueError(
+          'gnts: max_draws=1 with the noise-following gate (the default), which steps on two '
+          'microbatches at least: every step would be forced, on one microbatch, and no noise '
+          'scale ever estimated. Give max_draws >= 2 (64 by default)'
+      )
   if scale_by_draws == 'default':
     scale_by_draws = jnp.sqrt if noise_following else None
   if noise_following:

@@ -153,6 +153,12 @@ AT_CONSTRUCTION = {
         'max_draws',
         r'stop stepping for good. Give max_draws',
     ),
+    'gnts noise-following with max_draws=1': (
+        lambda: optax_gqc.gnts(sgd(), max_draws=np.int64(1)),
+        ValueError,
+        'max_draws',
+        r'every step would be forced.*Give max_draws >= 2',
+    ),
     'sbc infinite batch without max_draws': (
         lambda: optax_gqc.sbc(sgd(), float('inf'), 8),
         ValueError,
