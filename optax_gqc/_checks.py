@@ -55,12 +55,11 @@ def concrete_float(name: str, value: Any, *, schedule: bool = False) -> float | 
 
 
 def check_schedule(name: str, schedule: Any, *, allow_bool: bool = True) -> None:
-  """Raises unless ``schedule`` maps a traced int32 step count to a scalar (not a bool, if not
-  ``allow_bool``).
+  """Raises unless ``schedule`` maps a traced int32 step count to a scalar.
 
-  Traces it once (``jax.eval_shape``, no computation), so that a schedule that
-  cannot run under ``jax.jit`` fails here, with the fix, rather than at the
-  first update.
+  A bool scalar passes with ``allow_bool`` only. Traces it once
+  (``jax.eval_shape``, no computation), so that a schedule that cannot run
+  under ``jax.jit`` fails here, with the fix, rather than at the first update.
   """
   try:
     out = jax.eval_shape(schedule, jax.ShapeDtypeStruct((), jnp.int32))
