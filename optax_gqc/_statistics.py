@@ -135,6 +135,17 @@ def _precedence(x: Any) -> int:
   return 2 if type(x) in _REPORTS else 3
 
 
+# The fields of each state of Optax's that statistics reads a count of steps from
+# (ScaleByAdamState: count, mu, nu), kept as a mapping.
+_OPTAX_COUNTS = frozenset(
+    frozenset(cls._fields)
+    for module in (optax, optax.contrib)
+    for cls in vars(module).values()
+    if isinstance(cls, type)
+    and issubclass(cls, tuple)
+    and 'count' in getattr(cls, '_fields', ())
+    and not issubclass(cls, _NOT_STEP_COUNTS)
+)
 # Fields that name a state of the library's, or MultiSteps', kept as a mapping.
 _SIGNATURES = {
     cls.__name__: frozenset(fields)
@@ -157,12 +168,7 @@ def _check_typed(state: Any) -> None:
   """
   if isinstance(state, Mapping):
     held = [name for name, fields in _SIGNATURES.items() if fields <= set(state)]
-    count = state.get('count')
-    if (
-        hasattr(count, 'dtype')
-        and jnp.ndim(count) == 0
-        and jnp.issubdtype(count.dtype, jnp.integer)
-    ):
+    if set(state) in _OPTAX_COUNTS:
       held.append('Optax state that counts its updates (ScaleByAdamState, say)')  # num_steps
     if held:
       raise TypeError(

@@ -305,6 +305,10 @@ def test_a_state_kept_as_a_mapping_of_its_fields_raises_rather_than_misreads(mak
     optax_gqc.statistics(_as_dicts(state))
 
 
+def test_a_mapping_of_ones_own_with_a_count_is_not_taken_for_an_optax_state():
+  assert optax_gqc.statistics((optax.EmptyState(), {'count': jnp.int32(0), 'x': 1.0})) == {}
+
+
 def test_the_transformation_in_place_of_its_state_raises():
   for tx in (optax_gqc.gnts(optax.sgd(0.1)), optax.adam(0.1)):
     with pytest.raises(TypeError, match=r'an optimizer state .* not the transformation'):
