@@ -184,7 +184,7 @@ def _scheduled_gate(
     bad = _any(_outside(value), also_bad)
     return ~bad & rule(stats, value), {
         name: value,
-        'num_bad_hyperparams': _count_bad(gate_state, bad),
+        'num_bad_hyperparams': count_if(gate_state['num_bad_hyperparams'], bad),
     }
 
   return Gate(init, update)
@@ -705,9 +705,10 @@ def relative_error_below(eta: optax.ScalarOrSchedule) -> Gate:
 
   i.e. the expected squared error of the mean is at most :math:`\eta^2` times
   its squared norm. From the engine's running scalars: constant memory. It
-  never steps at :math:`n = 1`, nor on a zero mean. :math:`V` is a difference of float32 sums, so
-  it resolves about :math:`10^{-7} \sum_i \|g_i\|^2`: an ``eta`` below about
-  ``3e-4`` asks for more than that, and the test then reads rounding.
+  never steps at :math:`n = 1`, nor on a zero mean. :math:`V` is a difference
+  of float32 sums, so it resolves about :math:`10^{-7} \sum_i \|g_i\|^2`: an
+  ``eta`` below about ``3e-4`` asks for more than that, and the test then
+  reads rounding.
 
   Args:
     eta: the allowed relative error, constant or a schedule.

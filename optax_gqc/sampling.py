@@ -21,6 +21,8 @@ which for the inner-product test is not the same number.) They are taken on
 the gradients divided by a power of two near their largest entry, so the
 decisions hold at any scale float32 holds: the inner-product test's fourth
 powers would otherwise overflow near gradients of 1e10 and vanish near 1e-10.
+The statistic and bound are reported in the gradients' own units, where they
+may still be 0 or inf.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -236,10 +238,10 @@ def propose_batch_size(
         _orth_sum(g, mean, mean_sq) / (nu**2 * mean_sq),
     )
   cap = float(2**31 - 1 if max_batch_size is None else max_batch_size)
-  # A zero mean with any spread asks for infinitely many samples: the cap. Equal
-  # gradients (no spread), or gradients that are not finite, give no reason to grow.
-  spread = _trace_var(g, mean, b) > 0
-  wanted = jnp.where(mean_sq > 0, wanted, jnp.where(spread, jnp.inf, 0.0))
-  wanted = jnp.where(jnp.isfinite(jnp.sum(g)), wanted, 0.0)
-  wanted = jnp.where(jnp.isnan(wanted), jnp.inf, wanted)  # a mean vanishing in its squares
+  # Equal gradients (no spread), or gradients that are not finite, give no reason to
+  # grow; a zero mean with spread asks for infinitely many samples, as does a mean whose
+  # square (or its square, mean_sq**2) vanishes next to the spread (a NaN ratio): the cap.
+  no_reason = ~jnp.isfinite(jnp.sum(g)) | (_trace_var(g, mean, b) == 0)
+  wanted = jnp.where(mean_sq > 0, wanted, jnp.inf)
+  wanted = jnp.where(no_reason, 0.0, jnp.where(jnp.isnan(wanted), jnp.inf, wanted))
   return jnp.minimum(jnp.ceil(jnp.maximum(float(b), wanted)), cap).astype(jnp.int32)

@@ -141,13 +141,15 @@ def test_the_decisions_hold_at_any_gradient_scale(grads, power):
 
 
 def test_equal_or_non_finite_gradients_propose_the_batch(grads):
+  # Each went to the cap, 2**31 - 1.
+  broken = [{**grads, 'b': grads['b'].at[0, 0].set(bad)} for bad in (np.nan, np.inf)]
   for kwargs in ({'eta': 0.5}, {'theta': 0.3, 'nu': 0.7}):
-    assert int(sampling.propose_batch_size({'a': jnp.zeros((12, 5))}, **kwargs)) == 12
-    assert bool(sampling.norm_test({'a': jnp.ones((12, 5))}, 0.5).passed)
-    assert int(sampling.propose_batch_size({'a': jnp.ones((12, 5))}, **kwargs)) == 12
-    for bad in (np.nan, np.inf):
-      broken = {**grads, 'b': grads['b'].at[0, 0].set(bad)}
-      assert int(sampling.propose_batch_size(broken, **kwargs)) == 12
-      assert not bool(sampling.norm_test(broken, 0.5).passed)
-    zero_mean = jax.tree.map(lambda x: jnp.concatenate([x[:6], -x[:6]]), grads)
+    for g in ({'a': jnp.zeros((12, 5))}, {'a': jnp.ones((12, 5))}, *broken):
+      assert int(sampling.propose_batch_size(g, **kwargs)) == 12
+  # As before: equal gradients pass the norm test, broken ones fail it, and a zero mean
+  # with spread asks for the cap.
+  assert bool(sampling.norm_test({'a': jnp.ones((12, 5))}, 0.5).passed)
+  assert not any(bool(sampling.norm_test(g, 0.5).passed) for g in broken)
+  zero_mean = jax.tree.map(lambda x: jnp.concatenate([x[:6], -x[:6]]), grads)
+  for kwargs in ({'eta': 0.5}, {'theta': 0.3, 'nu': 0.7}):
     assert int(sampling.propose_batch_size(zero_mean, max_batch_size=64, **kwargs)) == 64
