@@ -7,8 +7,8 @@ Runs :func:`optax_gqc.study.frontier_study` on tasks in different regimes:
 - ``lm-small``: the same model family on a different corpus (the interpreter's
   own documentation, ``pydoc_data``), microbatches of 2 sequences, far below
   the noise scale for most of training;
-- ``lm-long``: ``lm`` trained four times as long, where the noise scale grows
-  further (held out: docs/study.md, hypothesis 9);
+- ``lm-long``: ``lm`` trained four times as long (held out: docs/study.md,
+  hypothesis 9);
 - ``teacher``: not a language model: a student MLP regresses a random teacher
   MLP's outputs plus label noise, microbatches of 4 examples;
 - ``digits``: an MLP classifier on scikit-learn's handwritten digits,

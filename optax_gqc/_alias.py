@@ -1,6 +1,5 @@
 """The published GQC algorithms: the engine composed with a gate."""
 
-import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -146,15 +145,16 @@ def gnts(
   if isinstance(scale_by_draws, str) and scale_by_draws != 'default':
     raise ValueError(f'scale_by_draws must be a function of n or None, got {scale_by_draws!r}')
   noise_following = threshold is None and ratio is None
-  if noise_following and max_draws is None:
-    raise ValueError(
-        'gnts: max_draws=None with the noise-following gate (the default): where the noise '
-        'swamps the signal, the noise scale and the batch are infinite, and the estimate is '
-        'refreshed only at steps, so it would stop stepping for good. Give max_draws (64 by '
-        'default), or pass ratio=... or threshold=... for a gate that needs no limit'
-    )
-  if noise_following and isinstance(max_draws, numbers.Integral) and max_draws is not True:
-    if max_draws == 1:  # below 1, or not an integer, is accumulate's error
+  if noise_following:
+    if max_draws is None:
+      raise ValueError(
+          'gnts: max_draws=None with the noise-following gate (the default): where the noise '
+          'swamps the signal, the noise scale and the batch are infinite, and the estimate is '
+          'refreshed only at steps, so it would stop stepping for good. Give max_draws (64 by '
+          'default), or pass ratio=... or threshold=... for a gate that needs no limit'
+      )
+    _checks.check_positive_int('max_draws', max_draws)
+    if not isinstance(max_draws, jax.core.Tracer) and max_draws == 1:
       raise ValueError(
           'gnts: max_draws=1 with the noise-following gate (the default), which steps on two '
           'microbatches at least: every step would be forced, on one microbatch, and no noise '

@@ -230,8 +230,10 @@ def scheduled_accumulation(
       raise TypeError(
           f'{name} is a function: as an argument of the optimizer, inject_hyperparams would '
           "make it a schedule of the inner optimizer's steps, whose pace the gate decides. "
-          f'Pass it in hyperparams ({{{name!r}: schedule}}), where it follows the microbatch '
-          "count (a recipe's own schedules do; build such a run with scheduled_accumulation)"
+          f'Pass a schedule in hyperparams ({{{name!r}: schedule}}), where it follows the '
+          "microbatch count (a recipe's own schedules do; build such a run with "
+          'scheduled_accumulation). A function that is no schedule reaches the optimizer as it '
+          'is only as a mask (an argument whose name ends in mask) or a dtype'
       )
   inner = optax.inject_hyperparams(
       optimizer, static_args=static, hyperparam_dtype=hyperparam_dtype

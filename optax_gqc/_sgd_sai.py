@@ -147,6 +147,8 @@ def _scale_by_gsnr(eps: float, normalize: bool, dtype: Any | None = None):
   then reaches a float32 momentum without overflowing float16 on the way.
   """
 
+  dtype = None if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
+
   def out_dtype(u):
     return u.dtype if dtype is None else jnp.promote_types(u.dtype, dtype)
 

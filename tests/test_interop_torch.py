@@ -226,8 +226,11 @@ def test_numpy_arrays_in_another_byte_order_reach_torch_and_masked_ones_are_refu
   with pytest.raises(TypeError, match=r'mask.*a\.filled'):
     tshim.to_torch(np.ma.masked_array([1.0, 2.0], mask=[False, True]))
   model = torch.nn.Linear(2, 1).double()
+  masked = np.ma.masked_array([[1.0, 2.0]], mask=[[False, True]])
   with pytest.raises(TypeError, match='mask'):
-    tshim.load_into(model, {'weight': np.ma.zeros((1, 2)), 'bias': np.zeros(1)})
+    tshim.load_into(model, {'weight': masked, 'bias': np.zeros(1)})
+  tshim.load_into(model, {'weight': np.ma.zeros((1, 2)), 'bias': np.zeros(1)})  # none masked
+  assert model.weight.tolist() == [[0.0, 0.0]]
   if np.dtype(np.longdouble).itemsize > 8:  # extended precision on this machine
     with pytest.raises(TypeError, match='cast it to float64'):
       tshim.to_torch(np.ones(2, np.longdouble))

@@ -1,5 +1,7 @@
 """Tests of SGD-SaI: golden trajectories, the PyTorch reference, and its fixed bugs."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -460,6 +462,9 @@ def test_fp16_params_with_a_float32_buffer_keep_the_scaled_gradient_in_float32()
   want = golden(as_np(params), [as_np(g) for g in grads], lambda t: 1e-4, 0.9, 0.0)
   assert float(optax.tree.get(state, 'gsnr')['w']) * 100 > float(np.finfo(np.float16).max)
   np.testing.assert_allclose(np.asarray(ours[-1]['w'], np.float32), want[-1]['w'], rtol=5e-3)
+  with warnings.catch_warnings():  # float64 without x64 is float32, as the buffer takes it
+    warnings.simplefilter('error')
+    run(sgd_sai(1e-4, mu_dtype=jnp.float64), params, grads)
 
 
 def test_mask_excludes_biases_from_weight_decay():

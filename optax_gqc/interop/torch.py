@@ -167,11 +167,12 @@ def to_torch(array: Any, device: torch.device | str | None = None) -> torch.Tens
 
 def _native(a: np.ndarray | np.generic) -> np.ndarray | np.generic:
   """The NumPy array in this machine's byte order; a masked or extended-precision one refused."""
-  if isinstance(a, np.ma.MaskedArray):
+  if np.ma.is_masked(a):
     raise TypeError(
         'to_torch: a masked array would lose its mask (torch has none): pass a.filled(value), '
         'or a.data for the values under the mask too'
     )
+  a = np.ma.getdata(a)  # a masked array with nothing masked: its values
   if (a.dtype.kind, a.dtype.itemsize) in (('f', 16), ('f', 12), ('c', 32), ('c', 24)):
     wide = 'float64' if a.dtype.kind == 'f' else 'complex128'
     raise TypeError(
