@@ -173,7 +173,7 @@ TASKS = {
     'teacher': lambda: teacher_task(2000),
     'digits': lambda: digits_task(2000),
     'lm': lambda: lm_task(1600, 8, 'stdlib', 32, 2, 32, (4e-3, 8e-3, 1.6e-2, 3.2e-2)),
-    'lm-long': lambda: lm_task(6400, 8, 'stdlib', 32, 2, 32, (4e-3, 8e-3, 1.6e-2, 3.2e-2)),
+    'lm-long': lambda: lm_task(6400, 8, 'stdlib', 32, 2, 32, (4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2)),
     'lm-small': lambda: lm_task(3200, 2, 'pydoc', 32, 2, 32, (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2)),
 }
 
