@@ -9,6 +9,8 @@ Runs :func:`optax_gqc.study.frontier_study` on tasks in different regimes:
   the noise scale for most of training;
 - ``lm-long``: ``lm`` trained four times as long (held out: docs/study.md,
   hypothesis 9);
+- ``lm-wide``: ``lm`` with a model twice as wide, 64 (held out: docs/study.md,
+  hypothesis 10);
 - ``teacher``: not a language model: a student MLP regresses a random teacher
   MLP's outputs plus label noise, microbatches of 4 examples;
 - ``digits``: an MLP classifier on scikit-learn's handwritten digits,
@@ -174,6 +176,7 @@ TASKS = {
     'digits': lambda: digits_task(2000),
     'lm': lambda: lm_task(1600, 8, 'stdlib', 32, 2, 32, (4e-3, 8e-3, 1.6e-2, 3.2e-2)),
     'lm-long': lambda: lm_task(6400, 8, 'stdlib', 32, 2, 32, (4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2)),
+    'lm-wide': lambda: lm_task(1600, 8, 'stdlib', 64, 2, 32, (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2)),
     'lm-small': lambda: lm_task(3200, 2, 'pydoc', 32, 2, 32, (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2)),
 }
 
