@@ -479,7 +479,7 @@ def _count(state, stats, ok, stepped, forced, max_draws, noise_decay) -> Accumul
   # max_draws and noise_decay may be traced (optax.inject_hyperparams), where
   # jit cannot raise on a bad value: it is replaced, and counted.
   draws_ok = jnp.asarray(max_draws) >= 1
-  decay_ok = (jnp.asarray(noise_decay) >= 0) & (jnp.asarray(noise_decay) < 1)
+  decay_ok = _noise_scale.decay_ok(noise_decay)
   # This step's estimates, in microbatches: the small batch is one microbatch.
   grad_sq_est, trace_est = _noise_scale.estimates(
       1.0, stats.sum_sq_norms / n, n, jnp.square(stats.acc_norm)

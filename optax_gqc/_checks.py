@@ -246,6 +246,16 @@ def check_accumulator_dtype(dtype: Any) -> None:
     )
 
 
+def check_inexact(where: str, g: Any, truncated: str) -> None:
+  """Raises unless the gradient ``g`` is floating point or complex (else ``truncated`` would be)."""
+  if not jnp.issubdtype(g.dtype, jnp.inexact):
+    raise TypeError(
+        f'{where} has dtype {g.dtype}: gradients must be floating point or complex ({truncated} '
+        'would be truncated). Cast it to a float, or keep integer leaves out of the optimizer '
+        '(optax.partition, optax.set_to_zero)'
+    )
+
+
 def check_like_params(updates: Any, accumulator: Any) -> None:
   """Raises at trace time if the gradients do not match the params from init."""
   if jax.tree.structure(updates) != jax.tree.structure(accumulator):
@@ -272,12 +282,7 @@ def check_like_params(updates: Any, accumulator: Any) -> None:
           f'{where} has shape {g.shape}, but the params given to init had {a.shape}: pass '
           'gradients of those params'
       )
-    if not jnp.issubdtype(g.dtype, jnp.inexact):
-      raise TypeError(
-          f'{where} has dtype {g.dtype}: gradients must be floating point or complex (an '
-          'integer mean would be truncated). Cast it to a float, or keep integer leaves out '
-          'of the optimizer (optax.partition, optax.set_to_zero)'
-      )
+    check_inexact(where, g, 'an integer mean')
     if jnp.iscomplexobj(g) and not jnp.iscomplexobj(a):
       raise TypeError(
           f'{where} is complex ({g.dtype}), but the params given to init were real: '

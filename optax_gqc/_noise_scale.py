@@ -131,6 +131,11 @@ def init_noise_scale() -> NoiseScaleState:
   return NoiseScaleState(*(jnp.zeros([], jnp.float32) for _ in NoiseScaleState._fields))
 
 
+def decay_ok(decay: Any) -> jax.Array:
+  """Whether ``decay`` is in [0, 1): a traced one (``optax.inject_hyperparams``) is unchecked."""
+  return (jnp.asarray(decay) >= 0) & (jnp.asarray(decay) < 1)
+
+
 def fold(
     state: NoiseScaleState, grad_sq_norm: Any, trace_cov: Any, decay: Any, where: Any = True
 ) -> NoiseScaleState:
@@ -287,8 +292,7 @@ def noise_scale(
     small_sq = jax.lax.pmean(sq_norm(updates), axis_name)
     big_sq = sq_norm(jax.lax.pmean(updates, axis_name))
     grad_sq, trace = estimates(batch, small_sq, devices * batch, big_sq)
-    decay_ok = (jnp.asarray(decay) >= 0) & (jnp.asarray(decay) < 1)  # traced, it is unchecked
-    return updates, fold(state, grad_sq, trace, decay, where=decay_ok)
+    return updates, fold(state, grad_sq, trace, decay, where=decay_ok(decay))
 
   return optax.GradientTransformation(init_fn, update_fn)
 

@@ -70,12 +70,8 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
   def update_fn(updates, state, params=None):
     del params
     for path, g in jax.tree_util.tree_leaves_with_path(updates):
-      if not jnp.issubdtype(g.dtype, jnp.inexact):
-        raise TypeError(
-            f'scale_to_norm: update {jax.tree_util.keystr(path)} has dtype {g.dtype}: a scaled '
-            'integer update would be truncated. Cast it to a float, or keep integer leaves out '
-            'of the optimizer (optax.partition, optax.set_to_zero)'
-        )
+      where = f'scale_to_norm: update {jax.tree_util.keystr(path)}'
+      _checks.check_inexact(where, g, 'a scaled integer update')
     norm = _norm(updates)
     goal = value_at(state.count)
     bad = ~(jnp.isfinite(goal) & (goal >= 0))

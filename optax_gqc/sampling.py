@@ -230,8 +230,9 @@ def propose_batch_size(
           f'max_batch_size ({max_batch_size}) is below the batch of these gradients ({b}): '
           'the proposal is never smaller than the batch'
       )
+  trace = _trace_var(g, mean, b)
   if eta is not None:
-    wanted = _trace_var(g, mean, b) / (eta**2 * mean_sq)
+    wanted = trace / (eta**2 * mean_sq)
   else:
     wanted = jnp.maximum(
         _inner_var(g, mean) / (theta**2 * mean_sq**2),
@@ -241,7 +242,7 @@ def propose_batch_size(
   # Equal gradients (no spread), or gradients that are not finite, give no reason to
   # grow; a zero mean with spread asks for infinitely many samples, as does a mean whose
   # square (or its square, mean_sq**2) vanishes next to the spread (a NaN ratio): the cap.
-  no_reason = ~jnp.isfinite(jnp.sum(g)) | (_trace_var(g, mean, b) == 0)
+  no_reason = ~jnp.isfinite(jnp.sum(g)) | (trace == 0)
   wanted = jnp.where(mean_sq > 0, wanted, jnp.inf)
   wanted = jnp.where(no_reason, 0.0, jnp.where(jnp.isnan(wanted), jnp.inf, wanted))
   return jnp.minimum(jnp.ceil(jnp.maximum(float(b), wanted)), cap).astype(jnp.int32)
