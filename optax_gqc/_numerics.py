@@ -26,6 +26,16 @@ def sq_abs(x: jax.Array) -> jax.Array:
   return jnp.square(x)
 
 
+def power_of_two_near(top: jax.Array) -> jax.Array:
+  """The float32 power of two ``s`` with ``top / s`` in [1, 2); 1 where ``top`` is 0 or not finite.
+
+  Dividing by it is exact, and brings squares and fourth powers of numbers up
+  to ``top`` into float32's range.
+  """
+  _, exponent = jnp.frexp(jnp.where(jnp.isfinite(top) & (top > 0), top, 1.0))
+  return jnp.ldexp(jnp.ones([], jnp.float32), exponent - 1)
+
+
 def varying_axes(x: Any) -> frozenset:
   """The manual mesh axes across which ``x`` varies, as JAX types it inside ``jax.shard_map``.
 

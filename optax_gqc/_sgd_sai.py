@@ -14,7 +14,7 @@ import numpy as np
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._numerics import sq_abs, widened
+from optax_gqc._numerics import power_of_two_near, sq_abs, widened
 
 
 class ScaleByGsnrState(NamedTuple):
@@ -59,8 +59,7 @@ def _leaf_gsnr(u: jax.Array, eps: Any) -> tuple[jax.Array, jax.Array]:
     return jnp.ones([], jnp.float32), jnp.zeros([], bool)
   top = jnp.max(jnp.abs(x))
   usable = jnp.isfinite(top) & (top > 0)
-  _, exponent = jnp.frexp(jnp.where(usable, top, 1.0))
-  scale = jnp.ldexp(jnp.ones([], jnp.float32), exponent - 1)  # top / scale in [1, 2)
+  scale = power_of_two_near(top)
   x = x / scale  # exact: a power of two
   if x.size < 2:  # no spread is defined for one element
     return jnp.ones([], jnp.float32), usable

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from optax_gqc import _checks
+from optax_gqc._numerics import power_of_two_near
 
 __all__ = [
     'TestResult',
@@ -91,9 +92,7 @@ def _flat(grads: Any) -> jax.Array:
 def _parts(grads: Any):
   """The matrix divided by ``scale``, a power of two near its largest entry (1 if none)."""
   g = _flat(grads)
-  top = jnp.max(jnp.abs(g))
-  _, exponent = jnp.frexp(jnp.where(jnp.isfinite(top) & (top > 0), top, 1.0))
-  scale = jnp.ldexp(jnp.ones([], jnp.float32), exponent - 1)
+  scale = power_of_two_near(jnp.max(jnp.abs(g)))
   g = g / scale  # exact: a power of two
   b = g.shape[0]
   mean = jnp.mean(g, axis=0)
