@@ -11,6 +11,8 @@ Runs :func:`optax_gqc.study.frontier_study` on tasks in different regimes:
   hypothesis 9);
 - ``lm-wide``: ``lm`` with a model twice as wide, 64 (held out: docs/study.md,
   hypothesis 10);
+- ``lm-big``: ``lm`` with a model twice as wide and twice as deep, trained
+  twice as long (held out: docs/study.md, hypothesis 11);
 - ``teacher``: not a language model: a student MLP regresses a random teacher
   MLP's outputs plus label noise, microbatches of 4 examples;
 - ``digits``: an MLP classifier on scikit-learn's handwritten digits,
@@ -177,6 +179,7 @@ TASKS = {
     'lm': lambda: lm_task(1600, 8, 'stdlib', 32, 2, 32, (4e-3, 8e-3, 1.6e-2, 3.2e-2)),
     'lm-long': lambda: lm_task(6400, 8, 'stdlib', 32, 2, 32, (4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2)),
     'lm-wide': lambda: lm_task(1600, 8, 'stdlib', 64, 2, 32, (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2)),
+    'lm-big': lambda: lm_task(3200, 8, 'stdlib', 64, 4, 32, (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)),
     'lm-small': lambda: lm_task(3200, 2, 'pydoc', 32, 2, 32, (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2)),
 }
 
