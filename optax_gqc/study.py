@@ -612,5 +612,6 @@ def plot(
   ax.set_xlabel('optimizer steps (same tokens)')
   ax.set_ylabel('validation loss')
   ax.set_title(title)
-  ax.legend(fontsize=7)
+  if ax.get_legend_handles_labels()[0]:  # nothing drawn: no legend, and no warning
+    ax.legend(fontsize=7)
   return ax

@@ -3,6 +3,7 @@
 import functools
 import logging
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -205,6 +206,15 @@ def test_plot_refuses_an_arm_the_study_does_not_have():
   result = {'frontier': {}, 'runs': [], 'arms': {'gnts': {}}}
   with pytest.raises(ValueError, match=r"no arm \['nope'\]"):  # drew an empty legend entry
     study.plot(result, arms=['gnts', 'nope'])
+
+
+def test_plot_of_a_study_with_nothing_to_draw_has_no_legend():
+  pytest.importorskip('matplotlib')
+  result = {'frontier': {}, 'runs': [], 'arms': {'gnts': {}}}
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')  # was matplotlib's "No artists with labels found"
+    ax = study.plot(result, arms=[])
+  assert ax.get_legend() is None
 
 
 @pytest.mark.slow
