@@ -38,6 +38,11 @@ def concrete_float(name: str, value: Any, *, schedule: bool = False) -> float | 
   """
   if isinstance(value, jax.core.Tracer):
     return None
+  if np.iscomplexobj(value):
+    raise TypeError(
+        f'{name} must be real, got the complex {value!r}. optax.inject_hyperparams casts '
+        "hyperparameters to complex params' dtype: pass it hyperparam_dtype=jnp.float32"
+    )
   if not is_number(value):
     if schedule:
       raise TypeError(

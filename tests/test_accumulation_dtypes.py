@@ -130,6 +130,20 @@ def test_complex_gradient_norm_counts_the_imaginary_part():
   assert int(stats['num_steps']) == 0
 
 
+def test_injected_hyperparameters_on_complex_params_say_how_to_keep_them_real():
+  # inject_hyperparams casts a threshold to complex params' dtype: the error was "float()
+  # argument must be ... a real number, not 'complex'". hyperparam_dtype keeps it real.
+  params = {'w': jnp.zeros(2, jnp.complex64)}
+  g = {'w': jnp.array([3 + 4j, 0], jnp.complex64)}
+  with pytest.raises(TypeError, match='threshold must be real.*hyperparam_dtype=jnp.float32'):
+    optax.inject_hyperparams(optax_gqc.gnts)(optax.sgd(1.0), threshold=4.0).init(params)
+  tx = optax.inject_hyperparams(optax_gqc.gnts, hyperparam_dtype=jnp.float32)(
+      optax.sgd(1.0), threshold=6.0
+  )
+  updates, _ = jax.jit(tx.update)(g, tx.init(params), params)
+  np.testing.assert_array_equal(updates['w'], -np.asarray(g['w']))  # |g| = 5 < 6: a step
+
+
 def test_complex_sbc_matches_multisteps():
   params = {'w': jnp.array([1 + 1j, 2 - 1j], jnp.complex64)}
   grads = stream(8, params, seed=2)
