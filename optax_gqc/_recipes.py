@@ -9,7 +9,7 @@ microbatch count before every update.
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
@@ -163,6 +163,7 @@ def scheduled_accumulation(
     noise_decay: float = 0.99,
     axis_name: Any = None,
     hyperparam_dtype: Any = jnp.float32,
+    static_args: str | Iterable[str] = (),
     **optimizer_kwargs: Any,
 ) -> AccumulationTransformation:
   """An accumulation whose inner hyperparameters follow schedules of the *microbatch* count.
@@ -196,8 +197,12 @@ def scheduled_accumulation(
       default whatever the params' dtype: in bfloat16 (what
       ``optax.inject_hyperparams`` would pick for bf16 params) Adam's
       ``b2=0.999`` rounds to 1 and its updates turn NaN.
+    static_args: names of ``optimizer_kwargs`` passed to the optimizer as they
+      are, as in ``optax.inject_hyperparams``: a function that is no schedule
+      (masks, whose names end in ``mask``, and dtypes pass so already).
     **optimizer_kwargs: the other arguments of ``optimizer``: numbers, masks
-      and dtypes; a schedule goes in ``hyperparams``.
+      and dtypes, and what ``static_args`` names; a schedule goes in
+      ``hyperparams``.
 
   Returns:
     An :class:`~optax_gqc.AccumulationTransformation`; the current values are
@@ -224,7 +229,14 @@ def scheduled_accumulation(
     _checks.check_schedule(f'hyperparams[{name!r}]', schedule)
   _check_optimizer(optimizer, hyperparams)
   _checks.check_float_dtype('hyperparam_dtype', hyperparam_dtype)
-  static = _static_args(optimizer_kwargs)
+  given = (static_args,) if isinstance(static_args, str) else tuple(static_args)
+  unknown = [name for name in given if name not in optimizer_kwargs]
+  if unknown:
+    raise ValueError(
+        f'static_args names {unknown}, not among the optimizer arguments passed '
+        f'({sorted(optimizer_kwargs)}): name arguments passed as keywords'
+    )
+  static = tuple(dict.fromkeys([*_static_args(optimizer_kwargs), *given]))
   for name, value in optimizer_kwargs.items():
     if callable(value) and name not in static:
       raise TypeError(
@@ -233,7 +245,8 @@ def scheduled_accumulation(
           f'Pass a schedule in hyperparams ({{{name!r}: schedule}}), where it follows the '
           "microbatch count (a recipe's own schedules do; build such a run with "
           'scheduled_accumulation). A function that is no schedule reaches the optimizer as it '
-          'is only as a mask (an argument whose name ends in mask) or a dtype'
+          f'is when static_args names it (static_args=({name!r},)); masks (names ending in '
+          'mask) and dtypes do so already'
       )
   inner = optax.inject_hyperparams(
       optimizer, static_args=static, hyperparam_dtype=hyperparam_dtype

@@ -400,6 +400,40 @@ def test_an_optimizer_argument_given_as_a_function_reaches_the_optimizer(make):
       make(b1=b1)
 
 
+def test_scheduled_accumulation_passes_what_static_args_names_as_it_is():
+  # A function that is no schedule (here, what the optimizer does to each update) reaches the
+  # optimizer unchanged when static_args names it, as in optax.inject_hyperparams.
+  def sign_sgd(learning_rate, transform):
+    return optax.chain(
+        optax.stateless(lambda u, _: jax.tree.map(transform, u)), optax.sgd(learning_rate)
+    )
+
+  params, g = {'w': jnp.zeros(2)}, {'w': jnp.array([3.0, -0.5])}
+  with pytest.raises(TypeError, match=r"transform is a function.*static_args=\('transform',\)"):
+    optax_gqc.scheduled_accumulation(
+        sign_sgd, optax_gqc.gates.batch_size_at_least(1, 1), {}, transform=jnp.sign
+    )
+  with pytest.raises(ValueError, match=r"static_args names \['transfrom'\]"):
+    optax_gqc.scheduled_accumulation(
+        sign_sgd,
+        optax_gqc.gates.batch_size_at_least(1, 1),
+        {},
+        static_args='transfrom',
+        transform=jnp.sign,
+    )
+  tx = optax_gqc.scheduled_accumulation(
+      sign_sgd,
+      optax_gqc.gates.batch_size_at_least(1, 1),
+      {'learning_rate': lambda t: jnp.where(t < 1, 1.0, 0.5)},
+      static_args='transform',
+      transform=jnp.sign,
+  )
+  state = tx.init(params)
+  for lr in (1.0, 0.5):
+    updates, state = jax.jit(tx.update)(g, state, params)
+    np.testing.assert_array_equal(updates['w'], [-lr, lr])
+
+
 def _run_params(tx, grads, before=None):
   """Parameters after each microbatch of the fused path; ``before`` edits the state first."""
   params, state = {'w': jnp.zeros(6)}, tx.init({'w': jnp.zeros(6)})
