@@ -245,8 +245,8 @@ def scheduled_accumulation(
           f'Pass a schedule in hyperparams ({{{name!r}: schedule}}), where it follows the '
           "microbatch count (a recipe's own schedules do; build such a run with "
           'scheduled_accumulation). A function that is no schedule reaches the optimizer as it '
-          f'is when static_args names it (static_args=({name!r},)); masks (names ending in '
-          'mask) and dtypes do so already'
+          f"is when scheduled_accumulation's static_args names it (static_args=({name!r},)); "
+          'masks (names ending in mask) and dtypes do so already'
       )
   inner = optax.inject_hyperparams(
       optimizer, static_args=static, hyperparam_dtype=hyperparam_dtype
