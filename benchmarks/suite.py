@@ -187,8 +187,20 @@ TASKS = {
 # The arms.
 
 
-def arms() -> dict[str, study.Arm]:
-  """The adaptive arms: each a function of the inner optimizer, as a user writes it."""
+RAMPS = (4, 8, 16, 32, 64)  # the largest batch of each ramp, in microbatches
+
+
+def _ramp(k: int, microbatches: int) -> study.Arm:
+  """A batch that grows linearly from 2 microbatches to ``k`` over the run, stepped by sqrt(n)."""
+  batch = optax.linear_schedule(2.0, float(k), microbatches)
+  return lambda inner: optax_gqc.sbc(inner, batch, 1, scale_by_draws=jnp.sqrt)
+
+
+def arms(microbatches: int = 1) -> dict[str, study.Arm]:
+  """The adaptive arms: each a function of the inner optimizer, as a user writes it.
+
+  ``microbatches`` is the run's length, over which the ramps grow.
+  """
   g = gates
   sqrt = jnp.sqrt
   return {
@@ -214,6 +226,8 @@ def arms() -> dict[str, study.Arm]:
       'normtest-sqrt': lambda inner: optax_gqc.norm_test_accumulation(
           inner, 0.8, scale_by_draws=sqrt
       ),
+      # Hypothesis 14: batch ramps, schedules that measure nothing, stepped as the default.
+      **{f'ramp{k}': _ramp(k, microbatches) for k in RAMPS},
   }
 
 
@@ -354,17 +368,17 @@ def main(argv=None) -> int:
     ks = tuple(int(k) for k in args.ks.split(','))
   except ValueError as e:
     parser.error(f'--seeds and --ks are comma-separated integers: {e}')
-  all_arms = arms()
-  chosen = all_arms if args.arms is None else dict.fromkeys(args.arms.split(','))
-  _check_names(parser, 'arm', chosen, all_arms)
-  chosen = {a: all_arms[a] for a in chosen}
+  names = list(arms()) if args.arms is None else args.arms.split(',')
+  _check_names(parser, 'arm', names, arms())
   if args.merge:  # before training: what --merge would refuse after it
     if args.out is None:
       parser.error('--merge adds seeds to the <task>.json in --out: give --out')
     for name in tasks:
-      _check_mergeable(parser, Path(args.out, f'{name}.json'), seeds, ks, list(chosen))
+      _check_mergeable(parser, Path(args.out, f'{name}.json'), seeds, ks, names)
   for name in tasks:
     task = TASKS[name]()
+    count = jax.tree.leaves(task.microbatches(seeds[0]))[0].shape[0]
+    chosen = {a: arms(count - count % args.evals)[a] for a in names}
     start = time.perf_counter()
 
     def progress(arm, seed, rec, name=name, start=start):

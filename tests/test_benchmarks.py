@@ -310,6 +310,34 @@ def test_suite_runs_a_task_and_its_report_exits_on_the_targets(load, tmp_path, c
   assert 'MISS  b: gnts was run' in capsys.readouterr().out
 
 
+def test_suite_ramps_grow_the_batch_from_two_to_k_over_the_run(load):
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+  import optax  # noqa: PLC0415
+
+  suite = load('suite')
+  count, k = 64, 8  # 2 + 6 t / 64 is exact in float32 where it is a whole number
+  tx = suite.arms(count)[f'ramp{k}'](optax.sgd(1.0))
+  state = tx.init(jnp.zeros(2))
+  update = jax.jit(tx.update)
+  draws = []
+  for _ in range(count):
+    updates, state = update(jnp.ones(2), state)
+    if int(state.num_draws) == 0:  # a step, on the mean 1 scaled by sqrt(n)
+      draws.append(int(state.last_num_draws))
+      np.testing.assert_allclose(updates, np.full(2, -np.sqrt(draws[-1])), rtol=1e-6)
+  # A step once n >= 2 + (k - 2) t / count, t the microbatches before this one.
+  expected, n = [], 0
+  for t in range(count):
+    n += 1
+    if n >= 2 + (k - 2) * t / count:
+      expected.append(n)
+      n = 0
+  assert draws == expected
+  assert draws == sorted(draws) and draws[-1] == k and draws[0] == 3  # 2 + 6 / 64 at t = 1
+
+
 def test_suite_checks_its_arguments_before_training(load, tmp_path, capsys):
   suite = load('suite')
   (tmp_path / 'teacher.json').write_text(
