@@ -318,17 +318,22 @@ def _schedules(
   total_steps, warmup_steps)``, checked with ``learning_rate`` and ``numbers``
   by :func:`_run_length`. torch-gqc's usual schedules: the learning rate warms
   up and stays; the weight decay, unless None, warms up, then anneals by a
-  quarter cosine to 0. With ``conventional_lr`` (the ``_conventional_lr``
-  recipes) the learning rate warms up, then anneals by a quarter cosine to 0,
-  and the weight decay is not scheduled.
+  quarter cosine to 0. With ``conventional_lr`` (the ``_conventional_lr``,
+  GNS and MHT recipes) the learning rate warms up, then anneals by a quarter
+  cosine to 0, and the weight decay, unless None, stays constant.
   """
   total, warmup = _run_length(*run, learning_rate=learning_rate, **numbers)
   if conventional_lr:
-    return total, warmup, {'learning_rate': cosine_with_warmup(learning_rate, 0.0, warmup, total)}
-  hyperparams = {'learning_rate': constant_with_warmup(learning_rate, warmup)}
+    hyperparams = {'learning_rate': cosine_with_warmup(learning_rate, 0.0, warmup, total)}
+  else:
+    hyperparams = {'learning_rate': constant_with_warmup(learning_rate, warmup)}
   if weight_decay is not None:
     _check_base('weight_decay', weight_decay)
-    hyperparams['weight_decay'] = cosine_with_warmup(weight_decay, 0.0, warmup, total)
+    hyperparams['weight_decay'] = (
+        optax.constant_schedule(weight_decay)
+        if conventional_lr
+        else cosine_with_warmup(weight_decay, 0.0, warmup, total)
+    )
   return total, warmup, hyperparams
 
 
@@ -575,6 +580,7 @@ def gnts_with_cosine_schedule_conventional_lr(
     max_draws: int | None = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    weight_decay: float | None = 0.01,
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
@@ -589,7 +595,8 @@ def gnts_with_cosine_schedule_conventional_lr(
   The port of torch-gqc's ``make_gnts_with_cosine_annealing_schedule_conventional_lr``:
   the learning rate warms up linearly, then anneals by a quarter cosine to 0;
   the threshold follows :func:`gnts_with_cosine_schedule`; the weight decay
-  (in ``optimizer_kwargs``) is not scheduled. Arguments as in
+  stays at ``weight_decay`` (torch's ``AdamW`` default, 0.01, by default;
+  None for an optimizer without one). Arguments as in
   :func:`gnts_with_cosine_schedule`.
   """
   run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
@@ -597,7 +604,9 @@ def gnts_with_cosine_schedule_conventional_lr(
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )
-  return _gnts(True, run, learning_rate, None, thresholds, optimizer, optimizer_kwargs, engine)
+  return _gnts(
+      True, run, learning_rate, weight_decay, thresholds, optimizer, optimizer_kwargs, engine
+  )
 
 
 def gnr_with_cosine_schedule(
@@ -653,6 +662,7 @@ def gnr_with_cosine_schedule_conventional_lr(
     warmup_microbatches: int | None = None,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    weight_decay: float | None = 0.01,
     total_steps: int | None = None,
     warmup_steps: int | None = None,
     **optimizer_kwargs: Any,
@@ -661,12 +671,13 @@ def gnr_with_cosine_schedule_conventional_lr(
 
   The port of torch-gqc's ``make_gnr_with_cosine_annealing_schedule_conventional_lr``:
   the learning rate warms up, then anneals by a quarter cosine to 0; the target
-  norm follows :func:`gnr_with_cosine_schedule`; the weight decay is not
-  scheduled. Arguments as in :func:`gnr_with_cosine_schedule`.
+  norm follows :func:`gnr_with_cosine_schedule`; the weight decay stays at
+  ``weight_decay`` (0.01 by default; None for an optimizer without one).
+  Arguments as in :func:`gnr_with_cosine_schedule`.
   """
   run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
   norms = (initial_norm, final_norm)
-  return _gnr(True, run, learning_rate, None, norms, optimizer, optimizer_kwargs)
+  return _gnr(True, run, learning_rate, weight_decay, norms, optimizer, optimizer_kwargs)
 
 
 def sbc_with_polynomial_schedule(
@@ -751,6 +762,7 @@ def sbc_with_polynomial_schedule_conventional_lr(
     max_draws: int | None = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    weight_decay: float | None = 0.01,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
@@ -764,14 +776,17 @@ def sbc_with_polynomial_schedule_conventional_lr(
   The port of torch-gqc's ``make_sbc_with_polynomial_schedule_conventional_lr``:
   the learning rate warms up, then anneals by a quarter cosine to 0; the
   logical batch follows :func:`sbc_with_polynomial_schedule`; the weight decay
-  is not scheduled. Arguments as in :func:`sbc_with_polynomial_schedule`.
+  stays at ``weight_decay`` (0.01 by default; None for an optimizer without
+  one). Arguments as in :func:`sbc_with_polynomial_schedule`.
   """
   run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
   batch_sizes = (initial_batch_size, final_batch_size, power)
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )
-  return _sbc(True, run, learning_rate, None, batch_sizes, optimizer, optimizer_kwargs, engine)
+  return _sbc(
+      True, run, learning_rate, weight_decay, batch_sizes, optimizer, optimizer_kwargs, engine
+  )
 
 
 def gns_with_cosine_schedule(
@@ -784,6 +799,7 @@ def gns_with_cosine_schedule(
     max_draws: int | None = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    weight_decay: float | None = 0.01,
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
@@ -799,7 +815,8 @@ def gns_with_cosine_schedule(
   learning rate warms up, then anneals by a quarter cosine to 0; the tolerance
   of :func:`optax_gqc.gates.noise_ratio_below` falls from ``warmup_multiplier *
   initial_tolerance`` to ``initial_tolerance`` over the warmup, then by a
-  quarter cosine to ``final_tolerance``. Schedules advance per microbatch.
+  quarter cosine to ``final_tolerance``; the weight decay stays at
+  ``weight_decay``. Schedules advance per microbatch.
 
   Args:
     learning_rate: the inner optimizer's peak learning rate.
@@ -811,6 +828,9 @@ def gns_with_cosine_schedule(
     warmup_multiplier: the tolerance starts at this times ``initial_tolerance``.
     max_draws: the most microbatches accumulated before a step is forced.
     optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
+    weight_decay: the inner weight decay, constant; None for an optimizer
+      without one. torch's ``AdamW`` default, 0.01, by default (``optax.adamw``'s
+      own is 1e-4).
     microbatch_size: examples per microbatch (optional, for statistics).
     accumulator_dtype: dtype of the accumulator; None as in
       :func:`optax_gqc.accumulate`.
@@ -838,7 +858,7 @@ def gns_with_cosine_schedule(
       True,
       run,
       learning_rate,
-      None,
+      weight_decay,
       tolerances,
       optimizer,
       optimizer_kwargs,
@@ -854,6 +874,7 @@ def gns_default(
     max_draws: int | None = 64,
     *,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    weight_decay: float | None = 0.01,
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
@@ -868,14 +889,17 @@ def gns_default(
   The port of torch-gqc's ``make_gns_default``: the learning rate as in
   :func:`gns_with_cosine_schedule`; the tolerance falls from 20 times
   ``tolerance`` (torch-schedule-anything's default multiplier, which that
-  factory keeps) to ``tolerance`` over the warmup, then stays. Arguments as in
+  factory keeps) to ``tolerance`` over the warmup, then stays; the weight
+  decay stays at ``weight_decay``. Arguments as in
   :func:`gns_with_cosine_schedule`.
   """
   run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )
-  total, warmup, hyperparams = _schedules(run, learning_rate, None, True, tolerance=tolerance)
+  total, warmup, hyperparams = _schedules(
+      run, learning_rate, weight_decay, True, tolerance=tolerance
+  )
   gate = gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup))
   return _accumulating_recipe(optimizer, gate, hyperparams, optimizer_kwargs, engine)
 
@@ -890,6 +914,7 @@ def mht_with_warmup_schedule(
     *,
     decay: float = 0.99,
     optimizer: Callable[..., optax.GradientTransformation] = optax.adamw,
+    weight_decay: float | None = 0.01,
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
@@ -905,7 +930,8 @@ def mht_with_warmup_schedule(
   rate warms up, then anneals by a quarter cosine to 0; the confidence and
   the percent error of :func:`optax_gqc.gates.loss_interval` warm up linearly
   from 0 to ``confidence`` and ``percent_error``, then stay (so early steps
-  come fast). Call ``update(..., value=loss)``.
+  come fast); the weight decay stays at ``weight_decay``. Call
+  ``update(..., value=loss)``.
 
   Args:
     learning_rate: the inner optimizer's peak learning rate.
@@ -917,6 +943,9 @@ def mht_with_warmup_schedule(
     max_draws: the most microbatches accumulated before a step is forced.
     decay: the loss EMA's decay (torch-gqc's ``update_beta`` is ``1 - decay``).
     optimizer: a factory of the inner optimizer, e.g. ``optax.adamw``.
+    weight_decay: the inner weight decay, constant; None for an optimizer
+      without one. torch's ``AdamW`` default, 0.01, by default (``optax.adamw``'s
+      own is 1e-4).
     microbatch_size: examples per microbatch (optional, for statistics).
     accumulator_dtype: dtype of the accumulator; None as in
       :func:`optax_gqc.accumulate`.
@@ -940,7 +969,7 @@ def mht_with_warmup_schedule(
   total, warmup, hyperparams = _schedules(
       run,
       learning_rate,
-      None,
+      weight_decay,
       True,
       confidence=confidence,
       percent_error=percent_error,

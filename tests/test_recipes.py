@@ -110,6 +110,7 @@ def test_gnr_recipe_rescales_and_schedules(conventional):
         total_microbatches=20,
         warmup_microbatches=4,
         optimizer=optax.sgd,
+        weight_decay=None,
     )
     lr_at = schedules.cosine_with_warmup(lr, 0.0, 4, 20)
   else:
@@ -160,6 +161,28 @@ RECIPES = {
     'gns_default': (optax_gqc.gns_default, (1e-2, 0.1), {'microbatch_size': 4}),
     'mht': (optax_gqc.mht_with_warmup_schedule, (1e-2, 0.9, 0.1), {'max_draws': 3}),
 }
+
+
+@pytest.mark.parametrize('name', sorted(RECIPES))
+def test_every_recipe_has_torch_adamws_weight_decay_by_default(name):
+  # torch-gqc's factories wrap a torch AdamW, whose default weight decay is 0.01 (optax.adamw's is
+  # 1e-4): the scheduled ones warm it up and anneal it, the others keep it constant.
+  make, args, kwargs = RECIPES[name]
+  scheduled = name in ('gnts', 'gnr', 'sbc')
+  tx = make(*args, 20, 4, **kwargs)
+  params = {'w': jnp.zeros(6)}
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for t, g in enumerate(sgd_grads(20)):
+    _, state = update(g, state, params, value=1.0)
+    wd = float(optax.tree.get(state, 'hyperparams')['weight_decay'])
+    expected = schedules.cosine_with_warmup(0.01, 0.0, 4, 20)(t) if scheduled else 0.01
+    assert wd == pytest.approx(float(expected), rel=1e-6, abs=1e-9)
+  # None passes no weight decay: an optimizer without one, such as optax.sgd.
+  tx = make(*args, 20, 4, **kwargs, optimizer=optax.sgd, weight_decay=None)
+  assert 'weight_decay' not in optax.tree.get(tx.init(params), 'hyperparams')
+  with pytest.raises(TypeError, match='weight_decay=None'):
+    make(*args, 20, 4, **kwargs, optimizer=optax.sgd)
 
 
 def _params_after(tx, grads):
