@@ -240,9 +240,9 @@ def _momentum(decay: Any, mu_dtype: Any | None = None) -> optax.GradientTransfor
 def sgd_sai(
     learning_rate: optax.ScalarOrSchedule,
     momentum: float = 0.9,
+    *,
     weight_decay: optax.ScalarOrSchedule = 1e-2,
     eps: float = 1e-8,
-    *,
     mask: Any | None = None,
     normalize: bool = False,
     mu_dtype: Any | None = None,

@@ -138,7 +138,7 @@ def test_three_steps_match_the_formula(momentum, weight_decay, schedule):
     lr, lr_fn = (lambda count: 0.1 / (1.0 + count)), (lambda t: 0.1 / (1.0 + t))
   else:
     lr, lr_fn = 0.1, (lambda t: 0.1)
-  ours, state = run(sgd_sai(lr, momentum, weight_decay), params, grads)
+  ours, state = run(sgd_sai(lr, momentum, weight_decay=weight_decay), params, grads)
   want = golden(params, grads, lr_fn, momentum, weight_decay)
   for got_t, want_t in zip(ours, want, strict=True):
     for k in SHAPES:
@@ -163,7 +163,7 @@ def test_matches_reference_over_200_steps(momentum, weight_decay, schedule):
   want, opt, tensors = run_reference(
       params, grads, lr_fn, lr=1e-2, momentum=momentum, weight_decay=weight_decay
   )
-  ours, state = run_scan(sgd_sai(lr, momentum, weight_decay), params, grads)
+  ours, state = run_scan(sgd_sai(lr, momentum, weight_decay=weight_decay), params, grads)
   # The reference multiplies by float32(1 - lr * wd) each step, a ~3e-8
   # relative rounding that builds up to a few 1e-6 over 200 steps.
   for k in shapes:
@@ -622,3 +622,12 @@ def test_edge_arguments_give_finite_updates(kwargs):
   params = {'w': jnp.arange(6.0).reshape(2, 3)}
   updates, _ = jax.jit(tx.update)({'w': jnp.ones((2, 3)) * 0.1}, tx.init(params), params)
   assert np.isfinite(np.asarray(updates['w'])).all()
+
+
+def test_eps_and_weight_decay_are_keywords():
+  # torch's SGD_sai(params, lr, momentum, eps, weight_decay) takes eps third: by position the
+  # port's weight_decay would take torch's eps, silently.
+  with pytest.raises(TypeError, match='positional'):
+    sgd_sai(0.05, 0.9, 1e-8, 0.1)
+  with pytest.raises(TypeError, match='positional'):
+    sgd_sai(0.05, 0.9, 1e-2)
