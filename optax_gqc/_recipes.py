@@ -116,6 +116,15 @@ def schedule_by_microbatch(
           f'{name} must be a schedule (a function of the microbatch count), got {schedule!r}'
       )
     _checks.check_schedule(name, schedule)
+  # A schedule_by_microbatch inside tx (a recipe's) writes its values after this one would.
+  inner_names = getattr(tx.update, 'scheduled_by_microbatch', frozenset())
+  twice = sorted(inner_names & schedules.keys())
+  if twice:
+    raise ValueError(
+        f'schedule_by_microbatch: {", ".join(twice)} already follow a schedule of the microbatch '
+        'count inside this accumulation (a recipe schedules its own), which would overwrite '
+        'this one on every update. Build the run with scheduled_accumulation and your schedules'
+    )
 
   def scheduled(state):
     check_state(state)
@@ -129,7 +138,8 @@ def schedule_by_microbatch(
         raise ValueError(
             f'schedule_by_microbatch: the inner optimizer has no injected hyperparameter '
             f'{name!r}: build it with optax.inject_hyperparams, e.g. '
-            f'optax.inject_hyperparams(optax.adamw)({name}=...)'
+            f'optax.inject_hyperparams(optax.adamw)({name}=...), and leave {name!r} out of '
+            "its static_args, which keep an argument out of the state's hyperparams"
         )
       if any(not hasattr(value, 'dtype') for _, value in found):
         raise ValueError(
@@ -147,6 +157,7 @@ def schedule_by_microbatch(
   def update_and_apply_fn(updates, state, params, **extra_args):
     return update_and_apply(updates, scheduled(state), params, **extra_args)
 
+  update_fn.scheduled_by_microbatch = inner_names | frozenset(schedules)
   return AccumulationTransformation(tx.init, update_fn, update_and_apply_fn)
 
 

@@ -535,3 +535,27 @@ def test_schedule_by_microbatch_of_a_hyperparameter_the_inner_optimizer_schedule
   params = {'w': jnp.zeros(2)}
   with pytest.raises(ValueError, match=r"schedules 'learning_rate' itself.*give it a constant"):
     tx.update(params, tx.init(params), params)
+  # Named in static_args, the rate is kept out of the state: the message says so.
+  static = optax.inject_hyperparams(optax.sgd, static_args=('learning_rate',))(learning_rate=0.1)
+  tx = optax_gqc.schedule_by_microbatch(optax_gqc.sbc(static, 2, 1), learning_rate=lambda t: 0.1)
+  with pytest.raises(ValueError, match="leave 'learning_rate' out of its static_args"):
+    tx.update(params, tx.init(params), params)
+
+
+def test_schedule_by_microbatch_around_a_recipe_of_the_same_hyperparameter_raises():
+  # The recipe's own schedule is written after the outer one, which it would overwrite.
+  recipe = optax_gqc.gnts_with_cosine_schedule(1e-3, 100, 10)
+  with pytest.raises(ValueError, match='learning_rate already follow a schedule'):
+    optax_gqc.schedule_by_microbatch(recipe, learning_rate=lambda t: 0.5)
+  twice = optax_gqc.schedule_by_microbatch(
+      optax_gqc.gnts(optax.inject_hyperparams(optax.adamw)(learning_rate=0.1, b1=0.9)),
+      learning_rate=lambda t: 0.1,
+  )
+  with pytest.raises(ValueError, match='learning_rate already'):
+    optax_gqc.schedule_by_microbatch(twice, learning_rate=lambda t: 0.2)
+  # Another hyperparameter, outside a recipe that leaves it alone, is scheduled.
+  tx = optax_gqc.schedule_by_microbatch(twice, b1=lambda t: 0.5 + 0.0 * t)
+  params = {'w': jnp.zeros(2)}
+  _, state = jax.jit(tx.update)(params, tx.init(params), params)
+  hyper = optax.tree.get(state, 'hyperparams')
+  assert float(hyper['b1']) == 0.5 and float(hyper['learning_rate']) == pytest.approx(0.1)
