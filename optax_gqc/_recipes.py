@@ -270,6 +270,37 @@ def scheduled_accumulation(
   return schedule_by_microbatch(tx, **hyperparams)
 
 
+# torch-gqc's names of the recipes' arguments, which would reach the optimizer as its own.
+_TORCH_GQC_NAMES = {
+    'num_training_steps': 'total_microbatches',
+    'num_warmup_steps': 'warmup_microbatches',
+    'max_batch_draws': 'max_draws',
+    'physical_batch_size': 'microbatch_size',
+    'polynomial_power': 'power',
+    'update_beta': 'decay (decay = 1 - update_beta)',
+    'confidence_level': 'confidence',
+    'percent_error_threshold': 'percent_error',
+    'distributed_mode': 'nothing: pass the mean gradient over the devices (see docs/scale.md)',
+}
+
+
+def _run(
+    total_microbatches: int | None,
+    warmup_microbatches: int | None,
+    total_steps: int | None,
+    warmup_steps: int | None,
+    optimizer_kwargs: Mapping[str, Any],
+) -> tuple[int | None, int | None, int | None, int | None]:
+  """A recipe's counts, as given; raises on an argument under its torch-gqc name."""
+  for name in optimizer_kwargs:
+    if name in _TORCH_GQC_NAMES:
+      raise TypeError(
+          f"{name} is torch-gqc's name: its port here is {_TORCH_GQC_NAMES[name]} "
+          '(docs/migration.md lists them all)'
+      )
+  return total_microbatches, warmup_microbatches, total_steps, warmup_steps
+
+
 def _given(name: str, value: int | None, alias: str, alias_value: int | None) -> tuple[str, int]:
   """The count passed as ``name`` or as its ``alias``, and the name it was passed as."""
   if value is not None and alias_value is not None:
@@ -571,7 +602,7 @@ def gnts_with_cosine_schedule(
     >>> tx = optax_gqc.gnts_with_cosine_schedule(
     ...     3e-3, total_microbatches=10_000, warmup_microbatches=500)
   """
-  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   thresholds = (initial_threshold, final_threshold, warmup_multiplier)
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
@@ -610,7 +641,7 @@ def gnts_with_cosine_schedule_conventional_lr(
   None for an optimizer without one). Arguments as in
   :func:`gnts_with_cosine_schedule`.
   """
-  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   thresholds = (initial_threshold, final_threshold, warmup_multiplier)
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
@@ -660,7 +691,7 @@ def gnr_with_cosine_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   norms = (initial_norm, final_norm)
   return _gnr(False, run, learning_rate, weight_decay, norms, optimizer, optimizer_kwargs)
 
@@ -686,7 +717,7 @@ def gnr_with_cosine_schedule_conventional_lr(
   ``weight_decay`` (0.01 by default; None for an optimizer without one).
   Arguments as in :func:`gnr_with_cosine_schedule`.
   """
-  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   norms = (initial_norm, final_norm)
   return _gnr(True, run, learning_rate, weight_decay, norms, optimizer, optimizer_kwargs)
 
@@ -752,7 +783,7 @@ def sbc_with_polynomial_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs` called once per microbatch.
   """
-  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   batch_sizes = (initial_batch_size, final_batch_size, power)
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
@@ -790,7 +821,7 @@ def sbc_with_polynomial_schedule_conventional_lr(
   stays at ``weight_decay`` (0.01 by default; None for an optimizer without
   one). Arguments as in :func:`sbc_with_polynomial_schedule`.
   """
-  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   batch_sizes = (initial_batch_size, final_batch_size, power)
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
@@ -858,7 +889,7 @@ def gns_with_cosine_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   tolerances = (initial_tolerance, final_tolerance, warmup_multiplier)
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
@@ -904,7 +935,7 @@ def gns_default(
   decay stays at ``weight_decay``. Arguments as in
   :func:`gns_with_cosine_schedule`.
   """
-  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )
@@ -973,7 +1004,7 @@ def mht_with_warmup_schedule(
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`.
   """
-  run = (total_microbatches, warmup_microbatches, total_steps, warmup_steps)
+  run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )

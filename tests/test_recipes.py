@@ -559,3 +559,15 @@ def test_schedule_by_microbatch_around_a_recipe_of_the_same_hyperparameter_raise
   _, state = jax.jit(tx.update)(params, tx.init(params), params)
   hyper = optax.tree.get(state, 'hyperparams')
   assert float(hyper['b1']) == 0.5 and float(hyper['learning_rate']) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize('name', sorted(RECIPES))
+def test_torch_gqc_names_of_the_arguments_name_their_ports(name):
+  make, args, kwargs = RECIPES[name]
+  with pytest.raises(
+      TypeError, match="max_batch_draws is torch-gqc's name: its port here is max_draws"
+  ):
+    make(*args, 20, 4, **kwargs, max_batch_draws=8)
+  # Before the missing count: torch-gqc's count names reach no argument of the port.
+  with pytest.raises(TypeError, match='its port here is total_microbatches'):
+    make(*args, num_training_steps=20, warmup_microbatches=4, **kwargs)
