@@ -83,9 +83,16 @@ def check_state(
   """
   if not isinstance(state, AccumulateState):
     got = 'None' if state is None else f'a {type(state).__name__}'
+    restored = (
+        '. A checkpoint restored without a target keeps the state as a mapping of its fields: '
+        'restore it onto a target, jax.eval_shape(tx.init, params) (docs/checkpointing.md)'
+        if isinstance(state, dict) and 'accumulator' in state
+        else ''
+    )
     raise TypeError(
         f'accumulate: state is {got}, not the AccumulateState of this transformation: '
         + _PASS_OWN_STATE
+        + restored
     )
   if gate is not None:
     expected = jax.eval_shape(gate.init)
@@ -141,9 +148,9 @@ def _one_microbatch_size(given: Any, gate_size: int | None) -> Any:
   return gate_size if given is None else given
 
 
-def _accumulator_dtype(requested: Any, param: jax.Array) -> Any:
-  """float32 or wider by default; complex for complex parameters."""
-  dtype = jnp.promote_types(jnp.float32, param.dtype) if requested is None else requested
+def _accumulator_dtype(requested: Any, param: Any) -> Any:
+  """float32 or wider by default; complex for complex parameters (a Python number's too)."""
+  dtype = jnp.promote_types(jnp.float32, jnp.result_type(param)) if requested is None else requested
   if jnp.iscomplexobj(param) and not jnp.issubdtype(dtype, jnp.complexfloating):
     dtype = jnp.promote_types(dtype, jnp.complex64)
   return dtype
@@ -295,6 +302,9 @@ def accumulate(
   inner = with_extra_args(inner)
 
   def init_fn(params):
+    for path, p in jax.tree_util.tree_leaves_with_path(params):
+      _checks.check_not_torch(f'accumulate: param {jax.tree_util.keystr(path)}', p)
+
     # A separate array per field: a donated state must not hold one buffer twice.
     def zero_i():
       return jnp.zeros([], jnp.int32)

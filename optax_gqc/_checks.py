@@ -251,8 +251,25 @@ def check_accumulator_dtype(dtype: Any) -> None:
     )
 
 
+def check_not_torch(where: str, x: Any) -> None:
+  """Raises if ``x`` is a torch tensor, which JAX reads no dtype of."""
+  if type(x).__module__.split('.')[0] == 'torch':
+    raise TypeError(
+        f'{where} is a torch tensor: convert it first, with optax_gqc.interop.torch.to_jax '
+        '(jax.tree.map(to_jax, tree) for a tree), or params_to_jax(module) and '
+        "grads_to_jax(module) for a module's"
+    )
+
+
 def check_inexact(where: str, g: Any, truncated: str) -> None:
   """Raises unless the gradient ``g`` is floating point or complex (else ``truncated`` would be)."""
+  check_not_torch(where, g)
+  if g.dtype == jax.dtypes.float0:
+    raise TypeError(
+        f'{where} is float0, the gradient jax.grad(..., allow_int=True) gives an integer leaf: '
+        'leave integer leaves out of the tree that jax.grad differentiates and the optimizer '
+        'updates (split them off the params first)'
+    )
   if not jnp.issubdtype(g.dtype, jnp.inexact):
     raise TypeError(
         f'{where} has dtype {g.dtype}: gradients must be floating point or complex ({truncated} '

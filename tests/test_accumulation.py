@@ -721,3 +721,18 @@ def test_microbatch_size_is_given_once_to_the_gate_or_to_both_alike():
   assert size(optax_gqc.accumulate(optax.sgd(0.1), optax_gqc.gates.norm_below(1.0))) == 0
   with pytest.raises(ValueError, match='microbatch_size=4, but the gate counts microbatches of 8'):
     optax_gqc.accumulate(optax.sgd(0.1), gate, microbatch_size=4)
+
+
+def test_a_python_number_among_the_params_accumulates_as_multisteps_does():
+  params = {'w': jnp.zeros(3), 'temperature': 1.0}  # a leaf that is a Python float
+  loss = lambda p, x: jnp.sum((p['w'] - x) ** 2) + (p['temperature'] * x[0]) ** 2  # noqa: E731
+  ours, theirs = optax_gqc.sbc(optax.sgd(0.1), 2, 1), optax.MultiSteps(optax.sgd(0.1), 2)
+  state, ms_state = ours.init(params), theirs.init(params)
+  assert state.accumulator['temperature'].dtype == jnp.float32
+  for x in jnp.arange(12.0).reshape(4, 3):
+    g = jax.grad(loss)(params, x)
+    updates, state = jax.jit(ours.update)(g, state, params)
+    ms_updates, ms_state = theirs.update(g, ms_state, params)
+    np.testing.assert_allclose(updates['temperature'], ms_updates['temperature'], rtol=1e-6)
+    np.testing.assert_allclose(updates['w'], ms_updates['w'], rtol=1e-6)
+  assert int(state.num_steps) == 2 and float(updates['temperature']) != 0.0

@@ -50,6 +50,9 @@ def sgd():
   return optax.sgd(0.1)
 
 
+INT_PARAMS = {'w': jnp.ones(3), 'i': jnp.array(3)}
+
+
 def first_update(tx, grads=None, state=None, params=PARAMS, **extra_args):
   """Traces ``tx.update`` once, under jit, with a fresh state unless one is given."""
   state = tx.init(params) if state is None else state
@@ -685,6 +688,24 @@ AT_FIRST_TRACE = {
         'state',
         r'tx.init\(params\)',
     ),
+    'a state restored without a target': (
+        lambda: first_update(
+            optax_gqc.gnts(sgd(), 0.5), state=optax_gqc.gnts(sgd(), 0.5).init(PARAMS)._asdict()
+        ),
+        TypeError,
+        'state is a dict',
+        r'restore it onto a target, jax.eval_shape\(tx.init, params\)',
+    ),
+    'a float0 gradient of an integer leaf': (
+        lambda: first_update(
+            optax_gqc.sbc(sgd(), 2, 1),
+            grads=jax.grad(lambda p: jnp.sum(p['w'] ** 2), allow_int=True)(INT_PARAMS),
+            params=INT_PARAMS,
+        ),
+        TypeError,
+        r"gradient \['i'\] is float0",
+        'leave integer leaves out of the tree that jax.grad differentiates',
+    ),
     'update before init': (
         lambda: optax_gqc.gnts(sgd(), 0.5).update(PARAMS, None, PARAMS),
         TypeError,
@@ -1189,3 +1210,16 @@ def test_sbc_with_no_max_draws_stops_stepping_on_a_schedule_that_stays_nan():
   out = run_stats(optax_gqc.sbc(optax.sgd(0.1), batch, 1, max_draws=2), num=6)
   assert [int(s['num_steps']) for s in out] == [1, 2, 2, 3, 3, 4]
   assert int(out[-1]['num_forced']) == 2
+
+
+def test_torch_tensors_raise_naming_the_conversion():
+  torch = pytest.importorskip('torch')
+  tx = optax_gqc.gnts(sgd(), 0.5)
+  with pytest.raises(TypeError, match=r"param \['w'\] is a torch tensor: convert it first"):
+    tx.init({'w': torch.ones(3)})
+  grads = {'w': torch.ones(2, 3), 'b': torch.ones(3)}
+  with pytest.raises(TypeError, match=r"gradient \['b'\] is a torch tensor.*to_jax"):
+    tx.update(grads, tx.init(PARAMS), PARAMS)
+  gnr = optax_gqc.gnr(sgd(), 1.0)
+  with pytest.raises(TypeError, match=r'is a torch tensor.*grads_to_jax'):
+    gnr.update(grads, gnr.init(PARAMS))
