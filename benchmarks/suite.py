@@ -187,7 +187,7 @@ TASKS = {
 # The arms.
 
 
-RAMPS = (4, 8, 16, 32, 64)  # the largest batch of each ramp, in microbatches
+RAMPS = (3, 4, 8, 16, 32, 64)  # the largest batch of each ramp, in microbatches
 
 
 def _ramp(k: int, microbatches: int) -> study.Arm:

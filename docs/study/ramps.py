@@ -7,6 +7,9 @@ fixed batches' (as ``suite.py`` reports it), the ramps' (each ``rampK`` at the
 control's rate, as the default runs), and the lower of the two.
 
   python docs/study/ramps.py DIR/teacher.json DIR/digits.json ...
+
+A task's second file adds its ramps to the first's (the same seeds and grid,
+so the same frontier and default, to the bit).
 """
 
 import json
@@ -39,17 +42,31 @@ def margins(result):
   return rows
 
 
-def main(paths):
-  print('task'.ljust(12) + ''.join(x.ljust(33) for x in ('fixed', 'ramps', 'the lower')).rstrip())
+def _by_task(paths):
+  """The studies by task; a task's later files add their ramps' runs to its first."""
+  tasks = {}
   for path in paths:
     result = json.loads(open(path).read())
+    first = tasks.setdefault(result['task'], result)
+    if first is not result:
+      first['runs'] = first['runs'] + [r for r in result['runs'] if r['arm'].startswith('ramp')]
+  return tasks
+
+
+def main(paths):
+  print('task'.ljust(12) + ''.join(x.ljust(33) for x in ('fixed', 'ramps', 'the lower')).rstrip())
+  for result in _by_task(paths).values():
     rows = margins(result)
     cells = []
     for name in ('fixed', 'ramps', 'lower'):
       m = study.paired_interval([r[name] for r in rows])
+      if m['mean'] is None:  # the default's steps outside the frontier's
+        cells.append('-'.ljust(33))
+        continue
       low, high = m['low'], m['high']
       interval = '' if low is None else f' [{low:+.3f}, {high:+.3f}]'
-      cells.append(f"{m['mean']:+.3f}{interval} ({m['min']:+.3f})".ljust(33))
+      seeds = '' if m['n'] == len(rows) else f", {m['n']} of {len(rows)} seeds"
+      cells.append(f"{m['mean']:+.3f}{interval} ({m['min']:+.3f}{seeds})".ljust(33))
     print(f"{result['task']:<12}" + ''.join(cells).rstrip())
   print('the default against each frontier: mean margin [paired 95% interval] (worst seed)')
 
