@@ -215,6 +215,7 @@ def arms(microbatches: int = 1) -> dict[str, study.Arm]:
       ),
       'gnts-f0.25': functools.partial(optax_gqc.gnts, fraction=0.25),
       'gnts-f1': functools.partial(optax_gqc.gnts, fraction=1.0),
+      'gnts-f2': functools.partial(optax_gqc.gnts, fraction=2.0),
       'gnts-unscaled': functools.partial(optax_gqc.gnts, scale_by_draws=None),
       # McCandlish's 1 / (1 + B / n) under a square root, sqrt((1 + B) / (1 + B / n)) over one
       # microbatch's rate, with the gate's n = B / 2: sqrt((1 + 2 n) / 3), 0.82 sqrt(n) at large n.
