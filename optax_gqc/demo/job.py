@@ -85,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       'config': {**vars(args), 'count': run_plan.count, 'block': run_plan.block},
       'corpus_files': source,
       'interrupted': interrupted,
-      'arms': first['arms'],
+      'arms': first['arms'],  # the first run's: arms_of says which; runs has them all
+      'arms_of': {'size': first['size'], 'seed': first['seed']},
       'frontier': summaries[0]['frontier'],
       'verdict': {s['size']: s['verdict'] for s in summaries},
       'verdict_lines': [s['verdict_line'] for s in summaries],

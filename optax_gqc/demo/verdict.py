@@ -61,7 +61,8 @@ def verdict(
 
   Returns:
     For each arm: ``frontier_loss`` (:func:`frontier_loss_at` the arm's
-    steps, None outside the frontier), ``margin`` (frontier minus arm:
+    steps; None outside the frontier, with no frontier, or where it did not
+    train), ``margin`` (frontier minus arm:
     positive is below the frontier, better), ``position``: ``below`` or
     ``above`` when ``|margin|`` exceeds the spread (:data:`ONE_SEED_NOISE`
     with one seed), ``on`` within it, ``outside`` the frontier's range, ``no
@@ -76,7 +77,8 @@ def verdict(
   """
   out = {}
   for name, (steps, loss) in arms.items():
-    at = frontier_loss_at(frontier, steps)
+    # A frontier that did not train, or of one arm, is no yardstick: no number read off it.
+    at = None if untrained or len(frontier) < 2 else frontier_loss_at(frontier, steps)
     margin = None if at is None else at - loss
     bar = ONE_SEED_NOISE if spread is None else spread
     if untrained:
@@ -222,8 +224,10 @@ def summarize(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[di
         and all(math.isfinite(r['arms'][a]['summary']['val_loss']) for r in group)
     ]
     verdicts = verdict(frontier, judged, control, spread, untrained)
-    for a, v in verdicts.items():  # each seed's margin against its own frontier
-      v['seed_margins'] = [_margin(r['arms'], a) for r in group if a in r['arms']]
+    for a, v in verdicts.items():  # each seed's margin against its own frontier, if it trained
+      v['seed_margins'] = [
+          None if untrained else _margin(r['arms'], a) for r in group if a in r['arms']
+      ]
     seeds = sorted({r['seed'] for r in group})
     label = f" ({size}, seed{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}"
     label += f', spread {spread:.3f})' if spread is not None else ')'
@@ -280,7 +284,7 @@ def table(summary: Mapping[str, Any]) -> list[str]:
   ]
   for name, a in summary['arms'].items():
     v = summary['verdict'].get(name)
-    if v is None or v['position'] == 'no frontier':
+    if v is None or v['position'] in ('no frontier', 'did not train'):
       at, margin = '-', '-'
     elif v['frontier_loss'] is None:
       at, margin = 'outside', '-'

@@ -128,6 +128,8 @@ def test_study_runs_every_seed_and_writes_its_summary(quick, tmp_path):
   )
   assert (tmp_path / 'study.png').stat().st_size > 0
   assert [(r['size'], r['seed']) for r in payload['runs']] == [('32x1', 0), ('32x1', 1)]
+  assert payload['arms_of'] == {'size': '32x1', 'seed': 0}
+  assert payload['arms'] is payload['runs'][0]['arms']
   (summary,) = payload['summary']
   losses = {
       a: [r['arms'][a]['summary']['val_loss'] for r in payload['runs']] for a in summary['arms']

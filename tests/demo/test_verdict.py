@@ -144,6 +144,10 @@ def test_a_run_whose_loss_ends_no_lower_than_it_began_gets_no_verdict():
   (summary,) = verdict.summarize([run], ['control', 'fixed2', 'fixed4', 'critical'])
   v = summary['verdict']['critical']
   assert v['position'] == 'did not train' and v['untrained'] == ['control', 'fixed2', 'fixed4']
+  assert v['frontier_loss'] is None and v['margin'] is None  # no number read off that frontier
+  assert v['seed_margins'] == [None]
+  row = next(r for r in verdict.table(summary) if r.startswith('critical'))
+  assert row.split()[-3:-1] == ['-', '-']  # the table's frontier and margin columns
   line = summary['verdict_line'].splitlines()[1]
   assert 'no verdict' in line and 'below' not in line and 'lower --lr' in line
   # An arm that trained is not judged against a frontier that did not.
