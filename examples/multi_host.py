@@ -114,6 +114,12 @@ def launch(
   All are killed as soon as one fails or the time runs out, so that no worker
   waits for a dead peer. The coordinator listens on 127.0.0.1 only.
   """
+  devices = num_processes * devices_per_process
+  if num_processes < 1 or devices_per_process < 1 or BATCH % devices:
+    raise ValueError(
+        f'{num_processes} processes of {devices_per_process} devices: the {devices} devices must '
+        f'split the batch of {BATCH} examples evenly (e.g. 2 processes of 4 devices)'
+    )
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
     port = s.getsockname()[1]
@@ -182,7 +188,10 @@ def main() -> None:
         json.dump(result, f)
     print(f'process {result["process_index"]}: {result["num_steps"][-1]} optimizer steps')
     return
-  results = launch(args.num_processes, args.devices_per_process, args.timeout)
+  try:
+    results = launch(args.num_processes, args.devices_per_process, args.timeout)
+  except ValueError as e:
+    parser.error(str(e))
   for r in results:
     print(
         f'process {r["process_index"]} of {r["process_count"]} ({r["local_device_count"]} of '

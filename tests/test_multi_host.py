@@ -72,3 +72,10 @@ def test_workers_past_their_time_are_killed(example, monkeypatch):
   with pytest.raises(RuntimeError, match=r'worker 0 exited with -9'):
     example.launch(2, 4, timeout=1)  # too short to start jax
   assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize('layout', [(3, 4), (2, 3), (0, 4)])
+def test_a_layout_that_cannot_split_the_batch_is_refused_before_any_worker_starts(example, layout):
+  # A ValueError from launch itself: the workers would fail with JAX's IndivisibleError.
+  with pytest.raises(ValueError, match='must split the batch of 64 examples evenly'):
+    example.launch(*layout)
