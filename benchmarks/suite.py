@@ -369,8 +369,9 @@ def main(argv=None) -> int:
     ks = tuple(int(k) for k in args.ks.split(','))
   except ValueError as e:
     parser.error(f'--seeds and --ks are comma-separated integers: {e}')
-  names = list(arms()) if args.arms is None else args.arms.split(',')
-  _check_names(parser, 'arm', names, arms())
+  known = arms()
+  names = list(known) if args.arms is None else args.arms.split(',')
+  _check_names(parser, 'arm', names, known)
   if args.merge:  # before training: what --merge would refuse after it
     if args.out is None:
       parser.error('--merge adds seeds to the <task>.json in --out: give --out')
@@ -378,8 +379,10 @@ def main(argv=None) -> int:
       _check_mergeable(parser, Path(args.out, f'{name}.json'), seeds, ks, names)
   for name in tasks:
     task = TASKS[name]()
-    count = jax.tree.leaves(task.microbatches(seeds[0]))[0].shape[0]
-    chosen = {a: arms(count - count % args.evals)[a] for a in names}
+    microbatches = functools.cache(task.microbatches)  # drawn once: for its count and the study
+    count = jax.tree.leaves(microbatches(seeds[0]))[0].shape[0]
+    built = arms(count - count % args.evals)  # the ramps grow over the run's length
+    chosen = {a: built[a] for a in names}
     start = time.perf_counter()
 
     def progress(arm, seed, rec, name=name, start=start):
@@ -389,7 +392,7 @@ def main(argv=None) -> int:
     result = study.frontier_study(
         task.loss_fn,
         task.params,
-        task.microbatches,
+        microbatches,
         eval_batches=task.eval_batches,
         arms=chosen,
         learning_rates=task.learning_rates,
