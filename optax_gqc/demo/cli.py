@@ -84,6 +84,14 @@ def _float_in(low: float, high: float, *, open_low: bool = False, open_high: boo
   return parse
 
 
+def _distinct(items: list, text: str, show=str) -> tuple:
+  """``items`` as a tuple, refused where one repeats: a repeat is a typo, not a second run."""
+  repeated = sorted({show(i) for i in items if items.count(i) > 1})
+  if repeated:
+    raise argparse.ArgumentTypeError(f"{', '.join(repeated)} given twice in {text!r}")
+  return tuple(items)
+
+
 def _arm_list(text: str) -> tuple[str, ...]:
   names = [a.strip() for a in text.split(',') if a.strip()]
   unknown = [a for a in names if a not in ARMS]
@@ -92,7 +100,7 @@ def _arm_list(text: str) -> tuple[str, ...]:
         f"unknown arm {', '.join(map(repr, unknown)) or repr(text)} "
         f"(choose from {', '.join(ARMS)})"
     )
-  return tuple(dict.fromkeys(names))
+  return _distinct(names, text)
 
 
 def _seed_list(text: str) -> tuple[int, ...]:
@@ -102,7 +110,7 @@ def _seed_list(text: str) -> tuple[int, ...]:
     raise argparse.ArgumentTypeError(f'must be comma-separated integers, got {text!r}') from None
   if any(not 0 <= s <= _INT32_MAX for s in seeds):
     raise argparse.ArgumentTypeError(f'seeds must be in [0, {_INT32_MAX}], got {text!r}')
-  return tuple(dict.fromkeys(seeds))
+  return _distinct(seeds, text)
 
 
 def _size_list(text: str) -> tuple[tuple[int, int], ...]:
@@ -114,7 +122,7 @@ def _size_list(text: str) -> tuple[tuple[int, int], ...]:
           f'must be comma-separated WIDTHxLAYERS, each >= 1 (e.g. 96x3,64x2), got {item!r}'
       )
     sizes.append((int(dim), int(layers)))
-  return tuple(dict.fromkeys(sizes))
+  return _distinct(sizes, text, show=lambda size: f'{size[0]}x{size[1]}')
 
 
 def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:

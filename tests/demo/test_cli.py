@@ -51,6 +51,9 @@ BAD_INPUTS = [
     (['--corpus-bytes', '10'], '--corpus-bytes'),
     (['--arms', 'control,sgd'], '--arms'),
     (['--seeds', '0,a'], '--seeds'),
+    (['--seeds', '0,0'], '--seeds'),  # ran one seed, and said "1 seeds" only in the header
+    (['--arms', 'control,critical,control'], '--arms'),
+    (['--sizes', '64x2,64X2'], '--sizes'),
     (['--block', '0'], '--block'),
     (['--no-such-flag'], '--no-such-flag'),
 ]
