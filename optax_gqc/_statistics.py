@@ -28,7 +28,7 @@ def _flat_gate_stats(gate_state: Any, out: dict[str, jax.Array]) -> None:
     if key.startswith('_'):
       continue
     name, i = key, 1
-    while name in out:
+    while name in out or name == 'num_batches':  # statistics' alias of num_microbatches
       name, i = f'{key}_{i}', i + 1
     out[name] = value
 
@@ -218,7 +218,8 @@ def statistics(state: Any) -> dict[str, jax.Array]:
   the gates read too); and the gate's reported entries: its current
   hyperparameters (e.g. ``threshold``), estimates and counters, but not the
   running sums it keeps for itself (see :class:`~optax_gqc.gates.Gate`). A
-  gate entry whose name is taken gets a suffix ``_1``, ``_2``, ...
+  gate entry whose name is taken (``num_batches`` included) gets a suffix
+  ``_1``, ``_2``, ...
 
   :func:`scale_to_norm` (and so :func:`gnr` and its recipes) reports
   ``num_microbatches`` and ``num_steps`` (equal: it steps on every microbatch),

@@ -93,6 +93,18 @@ def test_combined_gates_report_each_gates_entries():
   }
 
 
+def test_a_gate_entry_with_a_taken_name_gets_a_suffix_the_alias_num_batches_too():
+  def update(stats, gate_state):
+    del stats
+    return jnp.asarray(False), {k: v + 7 for k, v in gate_state.items()}
+
+  zero = jnp.zeros([], jnp.int32)
+  gate = optax_gqc.Gate(lambda: {'num_batches': zero, 'num_steps': zero}, update)
+  stats = optax_gqc.statistics(last_state(optax_gqc.accumulate(optax.sgd(1.0), gate), num=2))
+  assert stats['num_batches'] == stats['num_microbatches'] == 2
+  assert stats['num_batches_1'] == stats['num_steps_1'] == 14
+
+
 def test_num_bad_hyperparams_adds_up_the_engine_and_every_gate():
   gate = gates.any_of(gates.norm_below(lambda t: -1.0), gates.noise_ratio_below(lambda t: jnp.nan))
   tx = optax.inject_hyperparams(optax_gqc.accumulate)(optax.sgd(0.1), gate, max_draws=2)
