@@ -327,7 +327,8 @@ def accumulate(
         # Not `microbatch_size or 0`: inject_hyperparams may trace it.
         microbatch_size=jnp.array(0 if microbatch_size is None else microbatch_size, jnp.int32),
         noise=_noise_scale.init_noise_scale(),
-        gate_state=gate.init(),
+        # A Python number too, as an array of its default dtype.
+        gate_state=jax.tree.map(lambda x: jnp.asarray(x, jnp.asarray(x).dtype), gate.init()),
         inner_state=inner.init(params),
         # zeros_like keeps the params' sharding, and their type inside shard_map.
         accumulator=jax.tree.map(
@@ -346,10 +347,11 @@ def accumulate(
 
     # When it steps: the gate opens, or max_draws forces it, never on a
     # rejected microbatch.
-    gate_step, gate_state = gate.update(stats, state.gate_state, **extra_args)
-    _checks.check_gate_output(gate_step, gate_state, state.gate_state)
+    gate_step, gate_state = _checks.check_gate_output(
+        gate.update(stats, state.gate_state, **extra_args), state.gate_state
+    )
     gate_state = jax.tree.map(  # a Python number too (a gate's constant)
-        lambda new, old: jnp.asarray(new, old.dtype), gate_state, state.gate_state
+        lambda new, old: jnp.asarray(new, jnp.asarray(old).dtype), gate_state, state.gate_state
     )
     forced = ok & ~gate_step & (stats.num_draws >= jnp.maximum(max_draws, 1))
     step = ok & (gate_step | forced)

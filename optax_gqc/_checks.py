@@ -312,27 +312,43 @@ def check_like_params(updates: Any, accumulator: Any) -> None:
       )
 
 
-def check_gate_output(step: Any, new_state: Any, old_state: Any) -> None:
-  """Raises at trace time if a gate's update breaks the Gate protocol.
+def check_gate_output(output: Any, old_state: Any) -> tuple[Any, Any]:
+  """``(step, new_state)`` of a gate's update; raises at trace time if it breaks the protocol.
 
   A float entry may come back in another float dtype (a float64
   hyperparameter under x64 promotes it), as an integer in another integer
   dtype: the engine casts it back.
   """
+  if not (isinstance(output, tuple) and len(output) == 2) or isinstance(output[0], dict):
+    raise TypeError(
+        'gate: update must return a pair (decision, state), the decision first: a boolean '
+        f"scalar and a state like gate.init()'s, got {type(output).__name__} "
+        f'{jax.tree.map(jnp.shape, output)!r:.120}'
+    )
+  step, new_state = output
   check_decision(step, 'gate: update')
 
   def kind(x):
     dtype = jnp.result_type(x)
     return next((k for k in (jnp.floating, jnp.integer) if jnp.issubdtype(dtype, k)), dtype)
 
-  if jax.tree.structure(new_state) != jax.tree.structure(old_state) or any(
-      kind(a) != kind(b) or jnp.shape(a) != jnp.shape(b)
-      for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(old_state), strict=True)
-  ):
+  def describe(x):
+    return f'{jnp.result_type(x)}{list(jnp.shape(x))}'
+
+  fix = 'keep the entries of gate.init(), and cast new values to their dtypes'
+  if jax.tree.structure(new_state) != jax.tree.structure(old_state):
     raise TypeError(
-        'gate: update must return a state with the structure, shapes and dtypes of '
-        'gate.init(): keep the same entries, and cast new values to their dtypes'
+        'gate: update must return a state with the structure of gate.init(): '
+        f'{jax.tree.structure(old_state)}, got {jax.tree.structure(new_state)}; {fix}'
     )
+  paths = jax.tree_util.tree_leaves_with_path(old_state)
+  for (path, old), new in zip(paths, jax.tree.leaves(new_state), strict=True):
+    if kind(new) != kind(old) or jnp.shape(new) != jnp.shape(old):
+      raise TypeError(
+          f'gate: update returned the state entry {jax.tree_util.keystr(path)} as '
+          f'{describe(new)}, where gate.init() has {describe(old)}; {fix}'
+      )
+  return step, new_state
 
 
 def global_sq_norm(updates: Any, axis_name: Any) -> jax.Array:

@@ -72,7 +72,11 @@ class Gate(NamedTuple):
 
   - a plain name (``threshold``, ``loss_ema``, ``target_batch_size``) is for
     the user: the current value of a hyperparameter, an estimate, or a
-    counter. :func:`optax_gqc.statistics` reports it, and
+    counter. A hyperparameter's entry reports the value the gate took from
+    its argument at the latest update; writing another into the state
+    changes nothing (to change one during a run, schedule it, or inject it:
+    ``optax.inject_hyperparams(optax_gqc.gnts)(inner, threshold=0.5)``).
+    :func:`optax_gqc.statistics` reports it, and
     ``optax.tree.get(state, name)`` finds it where no other part of the state
     has the name (``num_bad_hyperparams`` is also the engine's, and
     :func:`any_of` of two ``norm_below`` holds two ``threshold``);

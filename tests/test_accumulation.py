@@ -284,6 +284,26 @@ def test_threshold_injected_by_inject_hyperparams():
   assert float(stats['threshold']) == 1e6
 
 
+def test_an_injected_threshold_set_by_name_to_a_python_number():
+  # optax.tree.set writes the number into the injected hyperparameter and into
+  # the gate's entry of the same name alike.
+  tx = optax.inject_hyperparams(optax_gqc.gnts)(optax.sgd(1.0), threshold=0.0, max_draws=50)
+  state = optax.tree.set(tx.init(PARAMS), threshold=1e6)
+  for update in (tx.update, jax.jit(tx.update)):
+    _, new_state = update(grad_stream(1)[0], state, PARAMS)
+    stats = optax_gqc.statistics(new_state)
+    assert int(stats['num_steps']) == 1 and stats['threshold'].dtype == jnp.float32
+
+
+def test_a_gates_entry_reports_its_argument_and_writing_it_changes_nothing():
+  # As the Gate docstring and docs/checkpointing.md say: inject it to change it.
+  tx = optax_gqc.gnts(optax.sgd(1.0), threshold=0.0, max_draws=50)
+  state = optax.tree.set(tx.init(PARAMS), threshold=jnp.asarray(1e6))
+  _, state = jax.jit(tx.update)(grad_stream(1)[0], state, PARAMS)
+  stats = optax_gqc.statistics(state)
+  assert int(stats['num_steps']) == 0 and float(stats['threshold']) == 0.0
+
+
 def test_max_draws_injected_and_changed_mid_run():
   tx = optax.inject_hyperparams(optax_gqc.gnts)(optax.sgd(1.0), threshold=0.0, max_draws=4)
   update = jax.jit(tx.update)
@@ -513,6 +533,26 @@ def test_a_gate_may_return_a_python_number_for_an_entry():
   tx = optax_gqc.accumulate(optax.sgd(0.1), gate, max_draws=4)
   _, state = jax.jit(tx.update)({'w': jnp.ones(3)}, tx.init({'w': jnp.ones(3)}), {'w': jnp.ones(3)})
   assert state.gate_state['threshold'].dtype == jnp.float32
+
+
+def test_a_gate_may_init_an_entry_as_a_python_number():
+  gate = gates.Gate(
+      lambda: {'ema': 0.0, 'count': 0},
+      lambda stats, state, **_: (
+          stats.num_draws >= 2,
+          {'ema': 0.5 * state['ema'] + stats.grad_norm, 'count': state['count'] + 1},
+      ),
+  )
+  tx = optax_gqc.accumulate(optax.sgd(0.1), gate, max_draws=4)
+  state = tx.init({'w': jnp.ones(3)})
+  dtypes = {'ema': jnp.float32, 'count': jnp.int32}
+  assert jax.tree.map(lambda x: (x.dtype, x.weak_type), state.gate_state) == {
+      k: (d, False) for k, d in dtypes.items()
+  }
+  for update in (tx.update, jax.jit(tx.update)):
+    _, new_state = update({'w': jnp.ones(3)}, state)
+    assert jax.tree.map(lambda x: x.dtype, new_state.gate_state) == dtypes
+    assert int(new_state.gate_state['count']) == 1
 
 
 def test_counters_stop_at_the_int32_limit_rather_than_wrap():

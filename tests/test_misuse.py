@@ -878,8 +878,31 @@ AT_FIRST_TRACE = {
             )
         ),
         TypeError,
-        'gate',
-        r'structure, shapes and dtypes of gate.init\(\)',
+        r'structure of gate.init\(\): PyTreeDef\(\{\}\), got PyTreeDef\(\{\'n\': \*\}\)',
+        r'keep the entries of gate.init\(\)',
+    ),
+    'gate returning its decision alone': (
+        lambda: first_update(
+            optax_gqc.accumulate(
+                sgd(), optax_gqc.Gate(lambda: {}, lambda s, st, **_: s.num_draws > 1)
+            )
+        ),
+        TypeError,
+        r'gate: update must return a pair \(decision, state\)',
+        r'the decision first',
+    ),
+    'gate returning its state first': (
+        lambda: first_update(
+            optax_gqc.accumulate(
+                sgd(),
+                optax_gqc.Gate(
+                    lambda: {'n': jnp.zeros([])}, lambda s, st, **_: (st, s.num_draws >= 2)
+                ),
+            )
+        ),
+        TypeError,
+        r'gate: update must return a pair \(decision, state\)',
+        r'the decision first',
     ),
     'gate changing a dtype': (
         lambda: first_update(
@@ -892,8 +915,8 @@ AT_FIRST_TRACE = {
             )
         ),
         TypeError,
-        'gate',
-        r'cast new values to their dtypes',
+        r"gate: update returned the state entry \['n'\] as float32\[\]",
+        r'where gate.init\(\) has int32\[\]; .* cast new values to their dtypes',
     ),
     'inner optimizer that needs params': (
         lambda: jax.jit(optax_gqc.gnts(optax.adamw(0.1), 1e9).update)(
