@@ -17,7 +17,12 @@ import jax.numpy as jnp
 import optax
 
 from optax_gqc import _checks, gates
-from optax_gqc._accumulation import AccumulationTransformation, accumulate, check_state
+from optax_gqc._accumulation import (
+    AccumulationTransformation,
+    accumulate,
+    check_state,
+    gate_entries,
+)
 from optax_gqc._scale_to_norm import scale_to_norm
 from optax_gqc.schedules import (
     constant_with_inverse_warmup,
@@ -135,6 +140,12 @@ def schedule_by_microbatch(
         own = jax.eval_shape(tx.init, state.accumulator)
         if jax.tree.structure(state) != jax.tree.structure(own):
           return state  # not this transformation's state: the engine's check says what it is
+        if name in dict(gate_entries(state.gate_state)):
+          raise ValueError(
+              f"schedule_by_microbatch: {name!r} is the gate's, not the inner optimizer's: "
+              f"pass the schedule as the gate's own argument, {name}=schedule (to gnts, or to "
+              "the gate's constructor), which a gate calls with the microbatch count"
+          )
         raise ValueError(
             f'schedule_by_microbatch: the inner optimizer has no injected hyperparameter '
             f'{name!r}: build it with optax.inject_hyperparams, e.g. '

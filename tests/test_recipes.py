@@ -527,6 +527,12 @@ def test_schedule_by_microbatch_needs_an_injected_hyperparameter():
   params = {'w': jnp.zeros(2)}
   with pytest.raises(ValueError, match='inject_hyperparams'):
     tx.update(params, tx.init(params), params)
+  # A gate's hyperparameter: the gate takes the schedule, not inject_hyperparams.
+  tx = optax_gqc.schedule_by_microbatch(
+      optax_gqc.gnts(optax.adamw(0.1), threshold=0.1), threshold=lambda t: 0.1
+  )
+  with pytest.raises(ValueError, match=r"'threshold' is the gate's.* threshold=schedule \(to gnts"):
+    tx.update(params, tx.init(params), params)
 
 
 def test_schedule_by_microbatch_of_a_hyperparameter_the_inner_optimizer_schedules_raises():
