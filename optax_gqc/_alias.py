@@ -86,7 +86,9 @@ def gnts(
       (it raises ``ValueError``).
     microbatch_size: examples per microbatch (optional, for statistics: the
       noise scale and ``target_batch_size`` are then in examples).
-    accumulator_dtype: dtype of the accumulator; None means float32.
+    accumulator_dtype: dtype of the accumulator; None means float32, or the
+      gradients' own dtype where it is wider or complex (see
+      :func:`optax_gqc.accumulate`).
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
     scale_by_draws: a function of :math:`n` that multiplies the inner update
       of a step that averaged :math:`n` microbatches (see
@@ -234,7 +236,9 @@ def sbc(
       it never does); only ``num_bad_hyperparams`` in :func:`statistics`
       shows it. Log it, or pass a ``max_draws`` so that such a stretch still
       steps every ``max_draws`` microbatches.
-    accumulator_dtype: dtype of the accumulator; None means float32.
+    accumulator_dtype: dtype of the accumulator; None means float32, or the
+      gradients' own dtype where it is wider or complex (see
+      :func:`optax_gqc.accumulate`).
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
     scale_by_draws: a function of :math:`n` that multiplies the inner update
       of a step that averaged :math:`n` microbatches (see

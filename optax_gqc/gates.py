@@ -67,8 +67,9 @@ class Gate(NamedTuple):
   """A decision rule: when is the accumulated mean gradient good enough?
 
   The gate state is a dict of 0-d arrays whose structure and dtypes are fixed
-  by ``init`` (a combination of gates, :func:`any_of` or :func:`all_of`, holds
-  a tuple of its gates' dicts). Its names say who reads them:
+  by ``init`` (a combination of gates, :func:`~optax_gqc.gates.any_of` or
+  :func:`~optax_gqc.gates.all_of`, holds a tuple of its gates' dicts). Its
+  names say who reads them:
 
   - a plain name (``threshold``, ``loss_ema``, ``target_batch_size``) is for
     the user: the current value of a hyperparameter, an estimate, or a
@@ -79,7 +80,7 @@ class Gate(NamedTuple):
     :func:`optax_gqc.statistics` reports it, and
     ``optax.tree.get(state, name)`` finds it where no other part of the state
     has the name (``num_bad_hyperparams`` is also the engine's, and
-    :func:`any_of` of two ``norm_below`` holds two ``threshold``);
+    :func:`~optax_gqc.gates.any_of` of two ``norm_below`` holds two ``threshold``);
   - a name that begins with an underscore (``_loss_m2``) is the gate's own:
     a running sum it needs for its next decision, which means nothing
     outside it. :func:`optax_gqc.statistics` leaves it out.
@@ -97,9 +98,9 @@ class Gate(NamedTuple):
       to ``init``'s (a float64 hyperparameter under x64 promotes it); another
       structure, shape or kind of dtype raises.
     microbatch_size: examples per microbatch, for a gate that counts
-      examples (:func:`batch_size_at_least`, :func:`critical_batch`); None
-      otherwise. :func:`optax_gqc.accumulate` reads it, so that it is given
-      once.
+      examples (:func:`~optax_gqc.gates.batch_size_at_least`,
+      :func:`~optax_gqc.gates.critical_batch`); None otherwise.
+      :func:`optax_gqc.accumulate` reads it, so that it is given once.
   """
 
   init: Callable[[], Any]

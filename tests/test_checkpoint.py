@@ -113,6 +113,30 @@ def test_resume_mid_accumulation_is_bitwise(name, tmp_path):
   assert_bitwise_equal((new_params, new_state), (ref_params, ref_state))
 
 
+def test_a_restored_state_keeps_its_constants_and_follows_new_schedules(tmp_path):
+  # docs/checkpointing.md: an injected constant is the checkpoint's; a
+  # schedule (a recipe's weight decay, even a constant one) and a gate's
+  # argument are the transformation's built again.
+  params, zero = {'w': jnp.ones(2)}, {'w': jnp.zeros(2)}
+
+  def injected(wd):
+    adamw = optax.inject_hyperparams(optax.adamw)(learning_rate=0.1, weight_decay=wd)
+    return optax_gqc.sbc(adamw, 1, 1)
+
+  def recipe(wd):
+    return optax_gqc.gnts_with_cosine_schedule_conventional_lr(
+        0.1, 100, 0, max_draws=1, weight_decay=wd, initial_threshold=0.0, final_threshold=0.0
+    )
+
+  for i, (make, decay) in enumerate(((injected, 0.0), (recipe, 0.5))):
+    with ocp.StandardCheckpointer() as checkpointer:
+      checkpointer.save(tmp_path / str(i), make(0.0).init(params))
+      tx = make(0.5)
+      state = checkpointer.restore(tmp_path / str(i), jax.eval_shape(tx.init, params))
+    updates, _ = tx.update(zero, state, params)
+    np.testing.assert_allclose(updates['w'], -0.1 * decay * params['w'], rtol=1e-3)
+
+
 def test_checkpoint_manager_keeps_the_latest_steps_and_resumes(tmp_path):
   params, xs, ys = regression()
   tx = OPTIMIZERS['gnts']()

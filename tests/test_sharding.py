@@ -5,6 +5,8 @@ before jax is imported), run every layout once, and print the results as JSON;
 the tests below compare them with the same run on one device.
 """
 
+import pathlib
+import re
 import textwrap
 
 import chex
@@ -363,3 +365,45 @@ def test_ready_made_with_axis_name_decides_on_the_global_norm(name):
   _, local = train(READY_MADE[name](None), params, grads, losses, shards=NUM_SHARDS)
   differs = [(shard_steps != ref_steps).any() for shard_steps in np.asarray(local)]
   assert any(differs) == (name not in READS_NO_NORM)
+
+
+@pytest.mark.slow
+def test_the_fsdp_example_of_docs_scale_runs_as_written_and_as_one_device():
+  # docs/scale.md's shard_map block, with its imports, on 8 devices, against
+  # the same gnts on one device with the whole arrays.
+  blocks = re.findall(
+      r'```python\n(.*?)```', pathlib.Path(processes.ROOT, 'docs', 'scale.md').read_text(), re.S
+  )
+  imports = blocks[0].split('\nmesh =')[0]
+  example = next(b for b in blocks if 'jax.shard_map(' in b)
+  script = (
+      textwrap.dedent("""
+      import json
+      import numpy as np
+      from tests.processes import regression
+      params, xs, ys = regression(8, 64)
+      # A quarter of the scale, where the mean's norm falls below the example's 0.5.
+      params = {k: 0.25 * np.asarray(v) for k, v in params.items()}
+      batches = list(zip(np.asarray(xs), 0.25 * np.asarray(ys)))
+      reference_params = params
+  """)
+      + imports
+      + '\n'
+      + example
+      + textwrap.dedent("""
+      one = optax_gqc.gnts(optax.adamw(1e-3), threshold=0.5)
+      p, s = reference_params, one.init(reference_params)
+      for x, y in batches:
+        g = jax.grad(lambda q: jnp.mean(per_example_loss(q, x, y)))(p)
+        p, s = optax_gqc.update_and_apply(one, g, s, p)
+      print(json.dumps({
+          'steps': [int(opt_state.num_steps), int(s.num_steps)],
+          'draws': [int(opt_state.num_microbatches), int(s.num_microbatches)],
+          'spec': str(params['w'].sharding.spec),
+          'diff': max(float(jnp.max(jnp.abs(params[k] - p[k]))) for k in p),
+      }))
+  """)
+  )
+  out = processes.run_script(script)
+  assert out['draws'] == [8, 8] and out['steps'][0] == out['steps'][1] >= 2
+  assert out['spec'] == str(P('fsdp', None)) and out['diff'] < 1e-6

@@ -148,9 +148,10 @@ def replay(
   loss, when ``losses`` is given), in order:
 
   - torch: ``g`` is added to the parameters' ``.grad`` through autograd (see
-    :func:`set_grads`), as ``loss.backward()`` would; then ``torch_step``
-    (by default ``optimizer.step()``, or ``optimizer.step(loss)`` for a
-    wrapper that is not a ``torch.optim.Optimizer`` when losses are given); the
+    :func:`~optax_gqc.interop.torch.set_grads`), as ``loss.backward()``
+    would; then ``torch_step`` (by default ``optimizer.step()``, or
+    ``optimizer.step(loss)`` for a wrapper that is not a
+    ``torch.optim.Optimizer`` when losses are given); the
     statistics and hyperparameters are read; the schedule, if any, steps; and
     a plain torch optimizer (its ``step`` returns None) has its gradients
     cleared, as a training loop would. This is torch-gqc's loop:
