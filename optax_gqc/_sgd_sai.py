@@ -164,6 +164,8 @@ def _scale_by_gsnr(eps: float, normalize: bool, dtype: Any | None = None):
 
   def update_fn(updates, state, params=None):
     del params
+    for path, u in jax.tree_util.tree_leaves_with_path(updates):
+      _checks.check_inexact(f'the gradient {jax.tree_util.keystr(path)}', u, 'its g-SNR')
     leaves, treedef = jax.tree.flatten(updates)
     done = treedef.flatten_up_to(state.computed)
     old = treedef.flatten_up_to(state.gsnr)
@@ -349,10 +351,17 @@ def sgd_sai(
   _checks.check_positive('eps', eps, finite=True)
   _checks.check_bool('normalize', normalize)
   _checks.check_float_dtype('mu_dtype', mu_dtype)
-  if isinstance(mask, bool | np.bool_) or (
+  if isinstance(mask, str | bytes):  # a name pattern, as in some torch param-group code
+    raise TypeError(
+        f'mask must be a tree of bools shaped like the params, or a function of the params, '
+        f'got the string {mask!r}: select by a function, e.g. no decay on vectors, '
+        'mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params)'
+    )
+  if isinstance(mask, bool | int | float | np.number) or (
       isinstance(mask, jax.Array | np.ndarray) and not mask.ndim
   ):
-    # What optax.inject_hyperparams passes for a function: its value at the step count.
+    # A number would be a one-leaf mask for the whole tree: all or nothing decays.
+    # It is also what optax.inject_hyperparams passes for a function: its value at the step count.
     raise TypeError(
         f'mask must be a tree of bools shaped like the params, or a function of the params, '
         f'got {mask!r} (pass weight_decay=0 for no decay, or mask=None to decay every leaf). '

@@ -505,6 +505,21 @@ def test_a_leaf_waiting_for_a_finite_gradient_moves_nothing_and_keeps_no_nan():
   assert alone['w'].tolist() == [0.0, 0.0]  # waits, and gives zeros
 
 
+@pytest.mark.parametrize('mask', ['bias', '', 1, 0, 0.0, True, np.float32(1.0)])
+def test_a_mask_that_is_a_string_or_a_number_raises(mask):
+  # Each was a one-leaf mask for the whole tree: every leaf decayed, or none did.
+  with pytest.raises(TypeError, match='mask must be a tree of bools'):
+    sgd_sai(0.1, weight_decay=0.5, mask=mask)
+
+
+def test_an_integer_leafs_float0_gradient_raises_naming_the_leaf():
+  params = {'w': jnp.ones(3), 'n': jnp.asarray(3, jnp.int32)}
+  grads = jax.grad(lambda p: jnp.sum(p['w'] * p['n']), allow_int=True)(params)
+  tx = sgd_sai(0.1)
+  with pytest.raises(TypeError, match=r"the gradient \['n'\] is float0.*split them off"):
+    tx.update(grads, tx.init(params), params)
+
+
 def test_a_mask_function_under_inject_hyperparams_says_to_list_it_as_static():
   # inject_hyperparams called the function with the step count: a 0-d False that masked out
   # every leaf, so nothing decayed.

@@ -45,3 +45,49 @@ def test_sgd_sai_matches_the_reference(lr, momentum, weight_decay):
   pc.assert_parity(records)  # every parameter after every step, within 1e-5
   moved = {k: np.max(np.abs(records[-1].optax_params[k] - params[k])) for k in SHAPES}
   assert min(moved.values()) > 0.05  # every leaf trained, none stuck
+
+
+def test_a_torch_run_resumes_here_from_its_state_as_docs_migration_says():
+  # docs/migration.md: mu is the g-SNR times torch's momentum_buffer, gsnr is
+  # torch's, every leaf computed, count the steps taken.
+  import contextlib
+  import io
+
+  import jax
+  import optax
+
+  from optax_gqc.interop.torch import to_jax
+
+  grads = _stream(seed=2)[:6]
+  rng = np.random.default_rng(3)
+  start = {k: rng.normal(size=s).astype(np.float32) for k, s in SHAPES.items()}
+  torch_params = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in start.items()}
+  opt = sgd_sai_ref.SGD_sai(list(torch_params.values()), lr=1e-2, weight_decay=1e-2)
+
+  def torch_steps(gs):
+    for g in gs:
+      for k, p in torch_params.items():
+        p.grad = torch.tensor(np.asarray(g[k]))
+      with contextlib.redirect_stdout(io.StringIO()):
+        opt.step()
+
+  torch_steps(grads[:3])
+  saved = [opt.state[p] for p in torch_params.values()]
+  gsnr = {k: to_jax(s['gsnr']) for k, s in zip(torch_params, saved, strict=True)}
+  buffer = {k: to_jax(s['momentum_buffer']) for k, s in zip(torch_params, saved, strict=True)}
+  params = {k: to_jax(p.detach()) for k, p in torch_params.items()}
+  tx = sgd_sai(1e-2, weight_decay=1e-2)
+  fresh = tx.init(params)
+  state = (
+      fresh[0]._replace(computed=jax.tree.map(lambda _: jnp.asarray(True), gsnr), gsnr=gsnr),
+      fresh[1]._replace(
+          count=jnp.asarray(3, jnp.int32), mu={k: gsnr[k] * buffer[k] for k in buffer}
+      ),
+      *fresh[2:],
+  )
+  for g in grads[3:]:
+    updates, state = tx.update(g, state, params)
+    params = optax.apply_updates(params, updates)
+  torch_steps(grads[3:])
+  for k, p in torch_params.items():
+    np.testing.assert_allclose(params[k], p.detach().numpy(), atol=1e-6)
