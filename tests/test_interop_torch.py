@@ -281,6 +281,18 @@ def test_set_grads_casts_to_the_parameter_dtype():
 
 
 @needs_torch
+def test_load_into_refuses_a_cast_that_loses_more_than_rounding():
+  model = torch.nn.Linear(2, 1).to(torch.float16)
+  with pytest.raises(OverflowError, match=r"'weight' holds finite values beyond the largest"):
+    tshim.load_into(model, {'weight': jnp.full((1, 2), 1e6), 'bias': jnp.zeros(1)})
+  with pytest.raises(TypeError, match=r"'bias' is complex .* \(jnp.real\)"):
+    tshim.load_into(model, {'weight': jnp.ones((1, 2)), 'bias': jnp.zeros(1, jnp.complex64)})
+  tshim.load_into(model, {'weight': jnp.asarray([[jnp.inf, 0.1]]), 'bias': jnp.zeros(1)})
+  assert model.weight[0, 0] == float('inf')  # an inf given is an inf loaded
+  assert model.weight[0, 1] == torch.tensor(0.1, dtype=torch.float16)  # rounded, as cast
+
+
+@needs_torch
 def test_load_into_and_set_grads_check_names_and_shapes():
   model = _model(torch.float32)
   tree = tshim.params_to_jax(model)

@@ -155,3 +155,16 @@ def test_replay_passes_losses_to_both_sides():
         _stream(2),
         [1.0],
     )
+
+
+def test_first_divergence_names_a_momentum_that_differs_before_the_params_do():
+  params = {'w': np.linspace(-1.0, 1.0, 3).astype(np.float32)}
+  records = torch_replay.replay(
+      lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.5),
+      optax.inject_hyperparams(optax.sgd)(learning_rate=0.1, momentum=0.9),
+      params,
+      _stream(3),
+  )
+  found = torch_replay.first_divergence(records)
+  assert (found.index, found.what) == (0, "hyperparam 'momentum'")
+  assert (found.torch_value, found.optax_value) == pytest.approx((0.5, 0.9))

@@ -350,6 +350,9 @@ def load_into(module: _TensorSource, tree: Mapping[str, Any]) -> None:
     KeyError: if the names differ from the module's.
     ValueError: if a shape differs, or two names hold one tensor (tied
       weights in a ``state_dict(keep_vars=True)``).
+    TypeError: if a complex array is given for a real parameter.
+    OverflowError: if finite values would become inf in the parameter's
+      dtype (float32 values beyond float16's 65504).
 
   Example:
     >>> import jax.numpy as jnp, torch
@@ -372,7 +375,28 @@ def load_into(module: _TensorSource, tree: Mapping[str, Any]) -> None:
             f'load_into: {name!r} has shape {tuple(source.shape)}, the parameter '
             f'{tuple(target.shape)}'
         )
-      target.copy_(source)
+      target.copy_(_narrowed(name, source, target.dtype))
+
+
+def _narrowed(name: str, source: Any, dtype: Any) -> Any:
+  """``source`` cast to ``dtype``, raising where the cast would lose what is not rounding."""
+  if source.is_complex() and not dtype.is_complex:
+    raise TypeError(
+        f'load_into: {name!r} is complex and the parameter {dtype}: the imaginary part would be '
+        'dropped. Pass the real part (jnp.real) if that is meant'
+    )
+  if not (source.is_floating_point() and dtype.is_floating_point):
+    return source
+  if torch.finfo(dtype).max >= torch.finfo(source.dtype).max:
+    return source
+  cast = source.to(dtype)
+  if bool((torch.isfinite(source) & ~torch.isfinite(cast)).any()):
+    raise OverflowError(
+        f'load_into: {name!r} holds finite values beyond the largest {dtype} '
+        f'({torch.finfo(dtype).max:.5g}): they would become inf in the parameter. Scale them '
+        'first, or load into a parameter of a wider dtype'
+    )
+  return cast
 
 
 def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bool = False) -> None:

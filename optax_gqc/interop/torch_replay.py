@@ -282,6 +282,8 @@ DEFAULT_STAT_NAMES: dict[str, str] = {
 DEFAULT_HYPERPARAM_NAMES: dict[str, str] = {
     'lr': 'learning_rate',
     'weight_decay': 'weight_decay',
+    'momentum': 'momentum',  # SGD's and SGD-SaI's, on both sides
+    'eps': 'eps',
 }
 
 
@@ -333,7 +335,11 @@ def first_divergence(
   two sides round differently within the first steps, by a bfloat16 rounding
   for bfloat16 parameters (its epsilon is 2**-7: an ``rtol`` of about 1e-2;
   an Adam replay of 20 steps needs it) and by a float16 one for float16
-  parameters (about 1e-3).
+  parameters (about 1e-3). Those roundings add up over the steps, the more
+  so where the update is large beside the parameter: a bfloat16 SGD-SaI
+  replay can part by more than 1e-2 within a few steps, each side as far
+  from a float64 run as the other. Compare such a replay with a float64
+  reference run, not with each other.
 
   Args:
     records: the output of :func:`replay`.
