@@ -304,3 +304,41 @@ def test_load_into_and_set_grads_check_names_and_shapes():
     tshim.set_grads(model, {**tree, 'extra': jnp.ones(1)})
   with pytest.raises(ValueError, match='shape'):
     tshim.load_into(model, {**tree, '2.bias': jnp.ones(4)})
+
+
+@needs_torch
+@pytest.mark.parametrize(
+    'convert, match',
+    [
+        (
+            lambda: tshim.load_into(
+                torch.nn.Linear(2, 1), {'weight': {'v': jnp.ones((1, 2))}, 'bias': jnp.ones(1)}
+            ),
+            r"load_into: 'weight' is dict, not an array: .*flatten_dict",
+        ),
+        (
+            lambda: tshim.load_into(torch.nn.Linear(2, 1), {'weight': None, 'bias': jnp.ones(1)}),
+            r"load_into: 'weight' is None, not an array",
+        ),
+        (
+            lambda: tshim.tree_to_torch({'w': jnp.ones(2), 'rng': jax.random.key(0)}),
+            r"tree_to_torch: the leaf \['rng'\] is a PRNG key: .*key_data",
+        ),
+        (
+            lambda: tshim.tree_to_torch(
+                jax.grad(lambda p: p['w'].sum(), allow_int=True)(
+                    {'w': jnp.ones(2), 'n': jnp.ones((), int)}
+                )
+            ),
+            r"tree_to_torch: the leaf \['n'\] is float0",
+        ),
+        (
+            lambda: jax.jit(tshim.to_torch)(jnp.ones(2)),
+            r'to_torch: the array is traced .* convert outside it',
+        ),
+    ],
+    ids=['nested', 'none', 'prng_key', 'float0', 'under_jit'],
+)
+def test_what_dlpack_cannot_carry_is_named_with_its_leaf(convert, match):
+  with pytest.raises(TypeError, match=match):
+    convert()

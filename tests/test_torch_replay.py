@@ -168,3 +168,33 @@ def test_first_divergence_names_a_momentum_that_differs_before_the_params_do():
   found = torch_replay.first_divergence(records)
   assert (found.index, found.what) == (0, "hyperparam 'momentum'")
   assert (found.torch_value, found.optax_value) == pytest.approx((0.5, 0.9))
+
+
+@pytest.mark.parametrize(
+    'params, grads, error, match',
+    [
+        (
+            {'layer': {'w': np.ones(2)}},
+            [{'layer': {'w': np.ones(2)}}],
+            TypeError,
+            r"params\['layer'\] is dict, not an array",
+        ),
+        ([np.ones(2)], [[np.ones(2)]], TypeError, 'params must be a flat'),
+        (
+            {'w': np.ones(2), 'b': np.ones(1)},
+            [{'w': np.ones(2), 'b': None}],
+            TypeError,
+            r"microbatch 0\['b'\] is None, not an array",
+        ),
+        (
+            {'w': np.ones(2)},
+            [{'w': np.ones(2), 'extra': np.ones(3)}],
+            KeyError,
+            r"microbatch 0: the names do not match .* unexpected \['extra'\]",
+        ),
+    ],
+    ids=['nested', 'list', 'none_gradient', 'extra_gradient'],
+)
+def test_replay_names_the_entry_that_is_not_a_flat_dict_of_arrays(params, grads, error, match):
+  with pytest.raises(error, match=match):
+    torch_replay.replay(lambda ps: torch.optim.SGD(ps, lr=0.1), optax.sgd(0.1), params, grads)

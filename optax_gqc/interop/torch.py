@@ -161,7 +161,7 @@ def to_torch(array: Any, device: torch.device | str | None = None) -> torch.Tens
     >>> to_torch(jnp.arange(3.0))
     tensor([0., 1., 2.])
   """
-  (tensor,) = _copies_to_torch([array], device)
+  (tensor,) = _copies_to_torch([array], device, 'to_torch', ['the array'])
   return tensor
 
 
@@ -184,16 +184,42 @@ def _native(a: np.ndarray | np.generic) -> np.ndarray | np.generic:
 
 def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
   """Applies :func:`to_torch` to every leaf of a pytree (and waits once, on a GPU)."""
-  leaves, treedef = jax.tree.flatten(tree)
-  return jax.tree.unflatten(treedef, _copies_to_torch(leaves, device))
+  paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
+  names = [f'the leaf {jax.tree_util.keystr(path)}' for path, _ in paths]
+  copies = _copies_to_torch([leaf for _, leaf in paths], device, 'tree_to_torch', names)
+  return jax.tree.unflatten(treedef, copies)
 
 
-def _copies_to_torch(arrays: list[Any], device: torch.device | str | None) -> list[torch.Tensor]:
+def _check_convertible(where: str, name: str, a: Any) -> None:
+  """Raises, naming the leaf, for what DLPack cannot carry, in place of its own words."""
+  fix = None
+  if a is None:
+    fix = 'is None, not an array'
+  elif isinstance(a, Mapping | list | tuple):
+    fix = (
+        f'is {type(a).__name__}, not an array: give a flat {{name: array}} dict '
+        "(flatten a nested tree first, e.g. flax.traverse_util.flatten_dict(tree, sep='.'))"
+    )
+  elif isinstance(a, jax.core.Tracer):
+    fix = 'is traced (inside jax.jit or a transformation): convert outside it, on its value'
+  elif isinstance(a, jax.Array) and jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+    fix = 'is a PRNG key: convert its data, jax.random.key_data(key)'
+  elif getattr(a, 'dtype', None) == jax.dtypes.float0:
+    fix = 'is float0, the gradient of an integer leaf, which has no values: leave it out'
+  if fix is not None:
+    raise TypeError(f'{where}: {name} {fix}')
+
+
+def _copies_to_torch(
+    arrays: list[Any], device: torch.device | str | None, where: str, names: list[str]
+) -> list[torch.Tensor]:
   """Torch's copies of ``arrays``, done on return, each read through a view.
 
   A torch tensor is its own view; a wide NumPy array is viewed by NumPy, so it keeps its dtype;
-  anything else is viewed by DLPack, through JAX.
+  anything else is viewed by DLPack, through JAX. ``where`` and ``names`` name them in errors.
   """
+  for name, a in zip(names, arrays, strict=True):
+    _check_convertible(where, name, a)
   arrays = [_native(a) if isinstance(a, np.ndarray | np.generic) else a for a in arrays]
   views = [
       a.detach()  # copied as it is: through JAX it would be narrowed, or refused (bfloat16)
@@ -368,7 +394,11 @@ def load_into(module: _TensorSource, tree: Mapping[str, Any]) -> None:
   _check_named_once('load_into', params)
   with torch.no_grad():
     # One wait on a GPU for all the copies, not one a leaf.
-    for name, source in zip(tree, _copies_to_torch(list(tree.values()), None), strict=True):
+    for name, source in zip(
+        tree,
+        _copies_to_torch(list(tree.values()), None, 'load_into', list(map(repr, tree))),
+        strict=True,
+    ):
       target = params[name]
       if tuple(source.shape) != tuple(target.shape):
         raise ValueError(
@@ -440,7 +470,11 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
     raise ValueError('set_grads: no tensor requires grad, so none takes a gradient')
   tensors, values = [], []
   # One wait on a GPU for all the copies, not one a leaf.
-  for name, g in zip(grads, _copies_to_torch(list(grads.values()), None), strict=True):
+  for name, g in zip(
+      grads,
+      _copies_to_torch(list(grads.values()), None, 'set_grads', list(map(repr, grads))),
+      strict=True,
+  ):
     target = params[name]
     g = g.to(device=target.device, dtype=target.dtype)
     if tuple(g.shape) != tuple(target.shape):

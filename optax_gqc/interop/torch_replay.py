@@ -28,7 +28,7 @@ import optax
 
 from optax_gqc._accumulation import with_extra_args
 from optax_gqc._statistics import statistics
-from optax_gqc.interop.torch import set_grads, to_jax, to_torch
+from optax_gqc.interop.torch import _check_same_names, set_grads, to_jax, to_torch
 
 __all__ = [
     'DEFAULT_HYPERPARAM_NAMES',
@@ -204,11 +204,15 @@ def replay(
   torch_stats = torch_stats or _default_torch_stats
   optax_stats = optax_stats or _default_optax_stats
   step_fn = _optax_step if jit else _optax_step_eager
+  if not isinstance(params, Mapping):
+    raise TypeError(
+        f'replay: params must be a flat {{name: array}} dict, got {type(params).__name__}'
+    )
   names = list(params)
 
   # Both sides start from JAX's arrays: the dtypes JAX gives (float32 for a
   # NumPy float64 while jax_enable_x64 is off), not two precisions.
-  jax_params = {k: _to_jax_array(params[k]) for k in names}
+  jax_params = {k: _to_jax_array(params[k], f'params[{k!r}]') for k in names}
   torch_params = [torch.nn.Parameter(to_torch(jax_params[k])) for k in names]
   built = torch_side(torch_params)
   optimizer, schedule = built if isinstance(built, tuple) else (built, None)
@@ -225,7 +229,14 @@ def replay(
         loss = float(next(loss_iter))
       except StopIteration:
         raise ValueError(f'replay: losses ran out at microbatch {index}') from None
-    grads = {k: _to_jax_array(grads[k]) for k in names}  # the same values to both sides
+    if not isinstance(grads, Mapping):
+      raise TypeError(
+          f'replay: microbatch {index} must be a {{name: array}} dict like params, got '
+          f'{type(grads).__name__}'
+      )
+    _check_same_names(f'replay: microbatch {index}', params, grads)
+    # The same values to both sides.
+    grads = {k: _to_jax_array(grads[k], f'microbatch {index}[{k!r}]') for k in names}
 
     set_grads(dict(zip(names, torch_params, strict=True)), grads, accumulate=True)
     result = torch_step(optimizer, loss)
@@ -260,8 +271,14 @@ def replay(
   return records
 
 
-def _to_jax_array(value: Any) -> jax.Array:
+def _to_jax_array(value: Any, what: str) -> jax.Array:
   """A copy in JAX of an array or a torch tensor (one that requires grad included)."""
+  if value is None or isinstance(value, Mapping | list | tuple):
+    raise TypeError(
+        f'replay: {what} is {"None" if value is None else type(value).__name__}, not an array: '
+        'params and every microbatch are flat {name: array} dicts with the same names (a '
+        'frozen parameter gets a zero gradient, or stays out of both sides)'
+    )
   return to_jax(value) if isinstance(value, torch.Tensor) else jnp.array(value)
 
 
