@@ -213,7 +213,9 @@ def noise_scale(
   parameter replicated across ``axis_name`` is already summed over the
   devices (the transpose of the implicit broadcast is a ``psum``): every
   device holds the same total, and :math:`B_\text{simple}` would come out
-  near 0. This transformation raises then. To keep each device's own
+  near 0. This transformation raises then (it cannot tell under ``vmap``,
+  ``pmap`` or ``check_vma=False``, where gradients already averaged give a
+  noise scale of 0 without a word). To keep each device's own
   gradient, differentiate with respect to a varying copy of the parameters,
   and average the gradients for the optimizer after this transformation::
 
