@@ -319,7 +319,9 @@ def check_gate_output(output: Any, old_state: Any) -> tuple[Any, Any]:
   hyperparameter under x64 promotes it), as an integer in another integer
   dtype: the engine casts it back.
   """
-  if not (isinstance(output, tuple) and len(output) == 2) or isinstance(output[0], dict):
+  if not (isinstance(output, tuple) and len(output) == 2) or isinstance(
+      output[0], dict | tuple | list
+  ):
     raise TypeError(
         'gate: update must return a pair (decision, state), the decision first: a boolean '
         f"scalar and a state like gate.init()'s, got {type(output).__name__} "

@@ -283,8 +283,10 @@ def test_set_grads_casts_to_the_parameter_dtype():
 @needs_torch
 def test_load_into_refuses_a_cast_that_loses_more_than_rounding():
   model = torch.nn.Linear(2, 1).to(torch.float16)
-  with pytest.raises(OverflowError, match=r"'weight' holds finite values beyond the largest"):
-    tshim.load_into(model, {'weight': jnp.full((1, 2), 1e6), 'bias': jnp.zeros(1)})
+  before = model.weight.detach().clone()
+  with pytest.raises(OverflowError, match=r"'bias' holds finite values beyond the largest"):
+    tshim.load_into(model, {'weight': jnp.ones((1, 2)), 'bias': jnp.full(1, 1e6)})
+  assert torch.equal(model.weight.detach(), before)  # nothing written before the refusal
   with pytest.raises(TypeError, match=r"'bias' is complex .* \(jnp.real\)"):
     tshim.load_into(model, {'weight': jnp.ones((1, 2)), 'bias': jnp.zeros(1, jnp.complex64)})
   tshim.load_into(model, {'weight': jnp.asarray([[jnp.inf, 0.1]]), 'bias': jnp.zeros(1)})

@@ -392,20 +392,18 @@ def load_into(module: _TensorSource, tree: Mapping[str, Any]) -> None:
   params = _named_tensors(module)
   _check_same_names('load_into', params, tree)
   _check_named_once('load_into', params)
+  # One wait on a GPU for all the copies, not one a leaf.
+  sources = _copies_to_torch(list(tree.values()), None, 'load_into', list(map(repr, tree)))
+  for name, source in zip(tree, sources, strict=True):  # every check before any write
+    if tuple(source.shape) != tuple(params[name].shape):
+      raise ValueError(
+          f'load_into: {name!r} has shape {tuple(source.shape)}, the parameter '
+          f'{tuple(params[name].shape)}'
+      )
+  sources = [_narrowed(name, s, params[name].dtype) for name, s in zip(tree, sources, strict=True)]
   with torch.no_grad():
-    # One wait on a GPU for all the copies, not one a leaf.
-    for name, source in zip(
-        tree,
-        _copies_to_torch(list(tree.values()), None, 'load_into', list(map(repr, tree))),
-        strict=True,
-    ):
-      target = params[name]
-      if tuple(source.shape) != tuple(target.shape):
-        raise ValueError(
-            f'load_into: {name!r} has shape {tuple(source.shape)}, the parameter '
-            f'{tuple(target.shape)}'
-        )
-      target.copy_(_narrowed(name, source, target.dtype))
+    for name, source in zip(tree, sources, strict=True):
+      params[name].copy_(source)
 
 
 def _narrowed(name: str, source: Any, dtype: Any) -> Any:
