@@ -159,6 +159,14 @@ def schedule_by_microbatch(
             f'it a constant, e.g. optax.inject_hyperparams(optax.adamw)({name}=1e-3), and the '
             'schedule to schedule_by_microbatch alone'
         )
+      integer = [value.dtype for _, value in found if not jnp.issubdtype(value.dtype, jnp.inexact)]
+      if integer:  # the schedule's values would be truncated: 3e-3 becomes 0
+        raise TypeError(
+            f'schedule_by_microbatch: the inner optimizer holds {name!r} as {integer[0]}, '
+            f'which would truncate the schedule (3e-3 becomes 0): give it a float, e.g. '
+            f'optax.inject_hyperparams(optax.adamw)({name}=0.0), or '
+            'inject_hyperparams(..., hyperparam_dtype=jnp.float32)'
+        )
       values[name] = jnp.asarray(schedule(state.num_microbatches), found[0][1].dtype)
     return state._replace(inner_state=optax.tree.set(state.inner_state, **values))
 

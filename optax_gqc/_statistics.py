@@ -263,7 +263,8 @@ def statistics(state: Any) -> dict[str, jax.Array]:
     state: an optimizer state.
 
   Returns:
-    A dict of 0-d arrays; empty if ``state`` holds nothing to report.
+    A dict of 0-d arrays; empty if ``state`` holds nothing to report. They
+    are copies: a step that donates the state leaves them readable.
   """
   if isinstance(state, optax.GradientTransformation):
     raise TypeError(
@@ -287,4 +288,6 @@ def statistics(state: Any) -> dict[str, jax.Array]:
         out.setdefault(name, value)
   if 'num_microbatches' in out:  # torch-gqc's name, where its users log it
     out['num_batches'] = out['num_microbatches']
-  return out
+  # Copies, not the state's own arrays, which the next step deletes where it donates the
+  # state; kept for later, they would fail to read (under jit the copies cost nothing).
+  return {name: jnp.array(value, copy=True) for name, value in out.items()}

@@ -527,6 +527,11 @@ def test_schedule_by_microbatch_needs_an_injected_hyperparameter():
   params = {'w': jnp.zeros(2)}
   with pytest.raises(ValueError, match='inject_hyperparams'):
     tx.update(params, tx.init(params), params)
+  # An integer placeholder (learning_rate=0) would hold the schedule as int32: 0.
+  inner = optax.inject_hyperparams(optax.adamw)(learning_rate=0)
+  tx = optax_gqc.schedule_by_microbatch(optax_gqc.gnts(inner), learning_rate=lambda t: 3e-3)
+  with pytest.raises(TypeError, match=r"holds 'learning_rate' as int32.*learning_rate=0.0"):
+    tx.update(params, tx.init(params), params)
   # A gate's hyperparameter: the gate takes the schedule, not inject_hyperparams.
   tx = optax_gqc.schedule_by_microbatch(
       optax_gqc.gnts(optax.adamw(0.1), threshold=0.1), threshold=lambda t: 0.1

@@ -72,7 +72,22 @@ def test_statistics_reports_a_gates_entries_but_not_its_running_sums(name):
   for key in own:
     assert optax.tree.get(state, key) is not None
   for key in reported:
-    assert stats[key] is state.gate_state[key]
+    assert stats[key].dtype == state.gate_state[key].dtype
+    np.testing.assert_array_equal(stats[key], state.gate_state[key])
+
+
+def test_statistics_kept_from_a_step_outlive_the_next_donated_step():
+  # A log kept without a host sync per step: the state's own arrays are deleted
+  # by the next step that donates the state, the statistics' copies are not.
+  tx = optax_gqc.gnts(optax.sgd(0.1), threshold=0.5, max_draws=4)
+  step = jax.jit(lambda p, s, g: optax_gqc.update_and_apply(tx, g, s, p), donate_argnums=(0, 1))
+  params = jax.tree.map(jnp.copy, PARAMS)  # donated: not the module's own
+  state = tx.init(params)
+  log = []
+  for g in grads(3):
+    params, state = step(params, state, g)
+    log.append(optax_gqc.statistics(state))
+  assert [int(s['num_microbatches']) for s in log] == [1, 2, 3]
 
 
 def test_every_gate_in_gates_follows_the_naming_convention():
