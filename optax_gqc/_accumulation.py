@@ -303,7 +303,13 @@ def accumulate(
 
   def init_fn(params):
     for path, p in jax.tree_util.tree_leaves_with_path(params):
-      _checks.check_not_torch(f'accumulate: param {jax.tree_util.keystr(path)}', p)
+      where = f'accumulate: param {jax.tree_util.keystr(path)}'
+      _checks.check_not_torch(where, p)
+      if jax.dtypes.issubdtype(getattr(p, 'dtype', None), jax.dtypes.prng_key):
+        raise TypeError(
+            f'{where} is a PRNG key, which no optimizer updates: leave keys out of the params '
+            '(with Flax NNX, nnx.Optimizer(model, tx, wrt=nnx.Param), not wrt=nnx.Variable)'
+        )
 
     # A separate array per field: a donated state must not hold one buffer twice.
     def zero_i():

@@ -281,10 +281,18 @@ def check_inexact(where: str, g: Any, truncated: str) -> None:
 def check_like_params(updates: Any, accumulator: Any) -> None:
   """Raises at trace time if the gradients do not match the params from init."""
   if jax.tree.structure(updates) != jax.tree.structure(accumulator):
+    empty = not jax.tree.leaves(updates) and jax.tree.leaves(accumulator)
     raise ValueError(
         'accumulate: the gradient tree does not match the params given to init: '
         f'{jax.tree.structure(updates)} vs {jax.tree.structure(accumulator)}. Pass gradients '
         'of those params (jax.grad of the loss with respect to them)'
+        + (
+            '. It holds no arrays: with Flax NNX, pass the State that nnx.grad or nnx.split '
+            "gives, whose Variables the optimizer's wrt filter selects (a pure dict, "
+            'nnx.as_pure or nnx.to_pure_dict, has none)'
+            if empty
+            else ''
+        )
     )
   for path, g, a in zip(
       jax.tree_util.tree_leaves_with_path(updates),

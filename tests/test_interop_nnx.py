@@ -101,6 +101,21 @@ def test_gradients_unlike_the_optimizer_params_raise():
     gqc_nnx.update(optimizer, model, grads)
 
 
+@pytest.mark.parametrize('fused', [True, False], ids=['fused', 'optimizer_update'])
+def test_pure_gradients_are_told_to_keep_their_variables(fused):
+  model = mlp()
+  optimizer = nnx.Optimizer(model, optax_gqc.gnts(optax.sgd(0.1), 0.5), wrt=nnx.Param)
+  grads = nnx.as_pure(nnx.grad(lambda m: jnp.sum(m(jnp.ones((1, 6)))))(model))
+  with pytest.raises(ValueError, match=r'holds no arrays: with Flax NNX, pass the State'):
+    (gqc_nnx.update if fused else lambda o, m, g: o.update(m, g))(optimizer, model, grads)
+
+
+def test_an_optimizer_over_every_variable_names_the_rng_key():
+  model = nnx.Sequential(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.Dropout(0.1, rngs=nnx.Rngs(1)))
+  with pytest.raises(TypeError, match=r"param .*\['key'\].* is a PRNG key.*wrt=nnx.Param"):
+    nnx.Optimizer(model, optax_gqc.gnts(optax.sgd(0.1)), wrt=nnx.Variable)
+
+
 def test_the_model_and_the_optimizer_swapped_raise():
   model = mlp()
   optimizer = nnx.Optimizer(model, optax_gqc.gnts(optax.sgd(0.1)), wrt=nnx.Param)
