@@ -55,7 +55,7 @@ import optax
 
 from optax_gqc import _checks, gates
 from optax_gqc._accumulation import accumulate, update_and_apply
-from optax_gqc._recipes import schedule_by_microbatch
+from optax_gqc._recipes import _static_args, schedule_by_microbatch
 from optax_gqc._statistics import statistics
 from optax_gqc._student_t import t_quantile
 
@@ -349,6 +349,15 @@ def frontier_study(
     says when every seed gave the same frontier, to the bit.
   """
   optimizer_kwargs = dict(optimizer_kwargs or {})
+  static = _static_args(optimizer_kwargs)  # masks and dtypes reach the optimizer as they are
+  scheduled = [name for name, v in optimizer_kwargs.items() if callable(v) and name not in static]
+  if scheduled:
+    raise TypeError(
+        f'optimizer_kwargs[{scheduled[0]!r}] is a function: inject_hyperparams would make it a '
+        "schedule of each arm's optimizer steps, which its gate paces, so the arms would differ "
+        'in more than when they step. Pass a constant (the study schedules the learning rate '
+        'by the microbatch count); a mask is a function of the params, named ...mask'
+    )
   if isinstance(seeds, numbers.Integral | str):
     raise TypeError(f'seeds is a sequence of seeds, e.g. (0, 1, 2), got {seeds!r}')
   # A NumPy array or a generator of seeds too; NumPy's integers as Python's, for the JSON.
@@ -367,7 +376,9 @@ def frontier_study(
 
   def program(arm):
     def make_tx(peak, k):
-      inner = optax.inject_hyperparams(optimizer)(learning_rate=peak, **optimizer_kwargs)
+      inner = optax.inject_hyperparams(optimizer, static_args=static)(
+          learning_rate=peak, **optimizer_kwargs
+      )
       tx = (arm if arm is not None else fixed_batch(k))(inner)
       return schedule_by_microbatch(tx, learning_rate=lr_schedule(peak, count, warmup, final_lr))
 

@@ -303,6 +303,22 @@ def test_frontier_study_rejects_bad_arguments(kwargs, match):
     study.frontier_study(loss_fn, np.zeros(4), batches, eval_batches=batches, arms={}, **args)
 
 
+def test_optimizer_kwargs_take_a_mask_and_refuse_a_schedule():
+  batches = data(0, count=8)
+  args = dict(eval_batches=batches, arms={}, learning_rates=(0.1,), ks=(1, 2), seeds=(0,), evals=2)
+  with pytest.raises(TypeError, match=r"optimizer_kwargs\['weight_decay'\] is a function"):
+    study.frontier_study(
+        loss_fn, jnp.zeros(4), batches, optimizer_kwargs={'weight_decay': lambda t: 0.1}, **args
+    )
+  # A mask is a function of the params, passed as it is (inject_hyperparams took it
+  # for a schedule and failed deep in a cast): masked out, the decay is none at all.
+  masked, plain = (
+      study.frontier_study(loss_fn, jnp.ones(4), batches, optimizer_kwargs=kwargs, **args)
+      for kwargs in ({'weight_decay': 0.5, 'mask': lambda w: False}, {'weight_decay': 0.0})
+  )
+  assert [r['val_loss'] for r in masked['runs']] == [r['val_loss'] for r in plain['runs']]
+
+
 def test_merge_refuses_studies_that_share_a_seed():
   meta = {'learning_rates': [0.1], 'ks': [1, 2], 'microbatches': 8, 'arm_names': [], 'runs': []}
   with pytest.raises(ValueError, match='share seeds'):
