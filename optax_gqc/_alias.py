@@ -186,6 +186,7 @@ def gnts(
         gates.relative_error_below(0.8 if eta is None else eta),
     )
   elif eta is None:
+    _checks.check_gate_can_open('gnts', 'threshold', threshold, max_draws)
     gate = gates.norm_below(threshold)
   else:
     gate = gates.any_of(gates.norm_below(threshold), gates.relative_error_below(eta))
@@ -293,6 +294,7 @@ def noise_ratio_accumulation(
     >>> import optax, optax_gqc
     >>> tx = optax_gqc.noise_ratio_accumulation(optax.adamw(1e-3), tolerance=0.05)
   """
+  _checks.check_gate_can_open('noise_ratio_accumulation', 'tolerance', tolerance, max_draws)
   return accumulate(
       inner,
       gates.noise_ratio_below(tolerance),

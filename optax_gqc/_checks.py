@@ -221,6 +221,19 @@ def check_draws_reach_batch(
     )
 
 
+def check_gate_can_open(who: str, name: str, value: Any, max_draws: Any) -> None:
+  """Raises if a bound of 0 with no ``max_draws`` would keep the gate closed for good.
+
+  Such a gate opens on a mean gradient (or a spread) of exactly 0 alone.
+  """
+  if max_draws is None and isinstance(value, numbers.Real) and value == 0:
+    raise ValueError(
+        f'{who}: {name}=0 with max_draws=None: the gate would open only where the '
+        f'measure is exactly 0, so the run would stop stepping where it is 0. Give {name} > 0, '
+        'or a max_draws that forces a step'
+    )
+
+
 def check_decision(step: Any, who: str) -> None:
   """Raises at trace time unless ``step`` is a boolean scalar, as a gate's decision must be."""
   if jnp.shape(step) != () or jnp.result_type(step) != jnp.bool_:

@@ -501,6 +501,7 @@ def _annealed(
       **{f'initial_{name}': initial, f'final_{name}': final},
       warmup_multiplier=warmup_multiplier,
   )
+  _checks.check_gate_can_open('the recipe', f'final_{name}', final, engine['max_draws'])
   schedule = cosine_with_inverse_warmup(initial, final, warmup, total, warmup_multiplier)
   return _accumulating_recipe(optimizer, gate(schedule), hyperparams, optimizer_kwargs, engine)
 
@@ -961,6 +962,7 @@ def gns_default(
   total, warmup, hyperparams = _schedules(
       run, learning_rate, weight_decay, True, tolerance=tolerance
   )
+  _checks.check_gate_can_open('gns_default', 'tolerance', tolerance, max_draws)
   gate = gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup))
   return _accumulating_recipe(optimizer, gate, hyperparams, optimizer_kwargs, engine)
 

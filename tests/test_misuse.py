@@ -69,6 +69,33 @@ def python_if_schedule(t):
 # (first pattern) and the fix (second pattern).
 
 AT_CONSTRUCTION = {
+    # a gate that a bound of 0 and no max_draws keep closed for good
+    'gnts threshold 0 with no max_draws': (
+        lambda: optax_gqc.gnts(sgd(), threshold=0.0, max_draws=None),
+        ValueError,
+        'threshold=0 with max_draws=None',
+        r'Give threshold > 0, or a max_draws',
+    ),
+    'gns tolerance 0 with no max_draws': (
+        lambda: optax_gqc.gns_default(1e-3, 0.0, 300, 30, max_draws=None),
+        ValueError,
+        'tolerance=0 with max_draws=None',
+        r'Give tolerance > 0',
+    ),
+    'gnts recipe annealed to 0 with no max_draws': (
+        lambda: optax_gqc.gnts_with_cosine_schedule(
+            1e-3, 300, 30, final_threshold=0.0, max_draws=None
+        ),
+        ValueError,
+        'final_threshold=0 with max_draws=None',
+        r'stop stepping',
+    ),
+    'noise_ratio_accumulation tolerance 0 with no max_draws': (
+        lambda: optax_gqc.noise_ratio_accumulation(sgd(), 0.0, max_draws=None),
+        ValueError,
+        'tolerance=0 with max_draws=None',
+        r'Give tolerance > 0',
+    ),
     # inner and gate
     'optimizer factory as inner': (
         lambda: optax_gqc.gnts(optax.adamw, 0.5),
