@@ -99,9 +99,15 @@ def _parts(grads: Any):
   return g, b, mean, jnp.sum(jnp.square(mean)), scale
 
 
-def _result(statistic, bound, scale, power):
-  """Decided on the scaled numbers; reported in the gradients' own units."""
+def _result(statistic, bound, scale, power, undirected=None):
+  """Decided on the scaled numbers; reported in the gradients' own units.
+
+  ``undirected`` fails the test whatever the statistic: a zero mean, about
+  which the gradients spread, has no direction to test along.
+  """
   passed = statistic <= bound
+  if undirected is not None:
+    passed = passed & ~undirected
   for _ in range(power):  # one power of two at a time: rounds only past float32's range
     statistic, bound = statistic * scale, bound * scale
   return TestResult(passed, statistic, bound)
@@ -119,7 +125,7 @@ def _inner_var(g, mean):
 
 def _orth_sum(g, mean, mean_sq):
   """sum_i ||g_i - (g_i . gbar / ||gbar||^2) gbar||^2 / (b - 1)."""
-  coef = (g @ mean) / mean_sq
+  coef = (g @ mean) / jnp.where(mean_sq > 0, mean_sq, 1.0)  # a zero mean: all is orthogonal
   return jnp.sum(jnp.square(g - coef[:, None] * mean)) / (g.shape[0] - 1)
 
 
@@ -144,6 +150,8 @@ def inner_product_test(grads: Any, theta: float) -> TestResult:
   r"""The inner-product test: do the gradients agree along the mean direction?
 
   :math:`\frac{1}{b}\operatorname{Var}(g_i \cdot \bar g) \le \theta^2 \|\bar g\|^4`.
+  A zero mean about which the gradients spread has no direction to test along:
+  the test fails there, as the norm test does.
 
   Args:
     grads: stacked per-example gradients (leading axis ``b >= 2``).
@@ -154,14 +162,16 @@ def inner_product_test(grads: Any, theta: float) -> TestResult:
   """
   _checks.check_positive('theta', theta)
   g, b, mean, mean_sq, scale = _parts(grads)
-  return _result(_inner_var(g, mean) / b, theta**2 * mean_sq**2, scale, 4)
+  undirected = (mean_sq == 0) & (_trace_var(g, mean, b) > 0)
+  return _result(_inner_var(g, mean) / b, theta**2 * mean_sq**2, scale, 4, undirected)
 
 
 def orthogonality_test(grads: Any, nu: float) -> TestResult:
   r"""The orthogonality test: the part of each gradient orthogonal to :math:`\bar g` is small.
 
   :math:`\frac{1}{b(b-1)}\sum_i \|g_i - \frac{g_i \cdot \bar g}{\|\bar g\|^2}\bar g\|^2
-  \le \nu^2 \|\bar g\|^2`.
+  \le \nu^2 \|\bar g\|^2`. Against a zero mean every gradient is
+  orthogonal: the test fails where they spread, and passes where all are zero.
 
   Args:
     grads: stacked per-example gradients (leading axis ``b >= 2``).

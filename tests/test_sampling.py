@@ -153,3 +153,20 @@ def test_equal_or_non_finite_gradients_propose_the_batch(grads):
   zero_mean = jax.tree.map(lambda x: jnp.concatenate([x[:6], -x[:6]]), grads)
   for kwargs in ({'eta': 0.5}, {'theta': 0.3, 'nu': 0.7}):
     assert int(sampling.propose_batch_size(zero_mean, max_batch_size=64, **kwargs)) == 64
+
+
+def test_a_zero_mean_with_spread_fails_every_test_and_zero_gradients_pass_them(grads):
+  # The inner-product test passed on it (0 <= 0), and the orthogonality test
+  # read 0/0 (a NaN statistic) on it and on all-zero gradients alike.
+  zero_mean = jax.tree.map(lambda x: jnp.concatenate([x[:6], -x[:6]]), grads)
+  zeros = jax.tree.map(jnp.zeros_like, grads)
+  tests = (
+      lambda g: sampling.norm_test(g, 0.5),
+      lambda g: sampling.inner_product_test(g, 0.3),
+      lambda g: sampling.orthogonality_test(g, 0.7),
+  )
+  for test in tests:
+    spread, still = test(zero_mean), test(zeros)
+    assert spread.passed.dtype == jnp.bool_ and not bool(spread.passed)
+    assert bool(still.passed) and np.isfinite(float(still.statistic))
+  assert np.isfinite(float(tests[2](zero_mean).statistic))
