@@ -63,11 +63,16 @@ def _check_optimizer(optimizer: Any, names: Any) -> None:
     return
   for name in names:
     if name not in parameters:
-      hint = (
-          'pass weight_decay=None for an optimizer without one'
-          if name == 'weight_decay'
-          else 'schedule only arguments that it takes'
-      )
+      if name == 'weight_decay':
+        hint = 'pass weight_decay=None for an optimizer without one'
+      elif name in inspect.signature(accumulate).parameters:  # a gnr recipe's optimizer_kwargs
+        hint = (
+            f"{name} is an accumulation's argument, and GNR accumulates nothing: it rescales "
+            'the gradient of every microbatch and steps on each'
+        )
+      else:
+        hint = 'schedule only arguments that it takes'
+
       raise TypeError(
           f'optimizer {getattr(optimizer, "__name__", optimizer)} takes no argument '
           f'{name!r}: {hint}'

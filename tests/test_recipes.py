@@ -185,6 +185,12 @@ def test_every_recipe_has_torch_adamws_weight_decay_by_default(name):
     make(*args, 20, 4, **kwargs, optimizer=optax.sgd)
 
 
+@pytest.mark.parametrize('name', ['max_draws', 'microbatch_size', 'skip_nonfinite'])
+def test_a_gnr_recipe_given_an_accumulations_argument_says_gnr_has_none(name):
+  with pytest.raises(TypeError, match=f"{name} is an accumulation's argument, and GNR"):
+    optax_gqc.gnr_with_cosine_schedule(1e-3, 1.0, 0.5, 100, 10, **{name: 8})
+
+
 def _params_after(tx, grads):
   params = {'w': jnp.linspace(-1.0, 1.0, 6)}
   state = tx.init(params)
