@@ -81,6 +81,8 @@ def lr_schedule(peak: Any, count: int, warmup: float = 0.05, final: float = 0.1)
   A schedule of the microbatch count (tokens), the same for every arm.
   ``peak`` may be traced.
   """
+  _checks.check_positive_int('count', count)
+  _check_fractions(warmup, final)
   shape = optax.warmup_cosine_decay_schedule(
       0.0, 1.0, max(int(warmup * count), 1), max(count, 2), end_value=final
   )
@@ -89,6 +91,8 @@ def lr_schedule(peak: Any, count: int, warmup: float = 0.05, final: float = 0.1)
 
 def fixed_batch(k: Any) -> Arm:
   """The frontier's arm: a step on the mean of every ``k`` microbatches (``k`` may be traced)."""
+  if not isinstance(k, jax.core.Tracer | jax.Array):
+    _checks.check_positive_int('k', k)
   return lambda inner: accumulate(
       inner, gates.from_function(lambda s: s.num_draws >= k), max_draws=None
   )
@@ -134,7 +138,16 @@ def frontier_loss_at(frontier: Sequence[tuple[float, float]], steps: float) -> f
   Returns:
     The interpolated loss; None outside the frontier's range of steps (no
     extrapolation) or with fewer than two step counts.
+
+  Raises:
+    ValueError: if a frontier point's step count is not positive (its log is
+      not defined); ``steps`` of 0 is outside the range (None).
   """
+  if any(s <= 0 for s, _ in frontier):
+    raise ValueError(
+        'frontier_loss_at reads step counts on a log scale: each frontier point must have '
+        f'steps > 0, got {sorted(s for s, _ in frontier)!r} (leave out runs that never stepped)'
+    )
   best = {}
   for s, loss in frontier:
     if s not in best or loss < best[s] or math.isnan(best[s]):
@@ -241,6 +254,14 @@ def _per_seed(value: Any, seed: int) -> Any:
 _RESERVED = ('fixed', 'frontier')  # the fixed runs' arm, and on_result's frontier
 
 
+def _check_fractions(warmup: float, final: float, final_name: str = 'final') -> None:
+  if not (0 <= warmup < 1 and 0 <= final < math.inf):
+    raise ValueError(
+        f'warmup must be in [0, 1) and {final_name} finite and >= 0 (fractions of the peak '
+        f'rate), got {warmup!r} and {final!r}'
+    )
+
+
 def _check_args(learning_rates, ks, seeds, evals, count, seeded, arm_names, warmup, final_lr):
   reserved = [name for name in arm_names if name in _RESERVED]
   if reserved:
@@ -251,11 +272,7 @@ def _check_args(learning_rates, ks, seeds, evals, count, seeded, arm_names, warm
         f'learning_rates must be positive finite numbers (in float32, as they train), got '
         f'{learning_rates!r}'
     )
-  if not (0 <= warmup < 1 and 0 <= final_lr < math.inf):
-    raise ValueError(
-        f'warmup must be in [0, 1) and final_lr finite and >= 0 (fractions of the peak rate), '
-        f'got {warmup!r} and {final_lr!r}'
-    )
+  _check_fractions(warmup, final_lr, 'final_lr')
   if 1 not in ks or len(set(ks)) < 2:
     raise ValueError(
         f'ks must include 1, the control, and another k: a frontier of one point gives no '

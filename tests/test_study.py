@@ -319,6 +319,30 @@ def test_optimizer_kwargs_take_a_mask_and_refuse_a_schedule():
   assert [r['val_loss'] for r in masked['runs']] == [r['val_loss'] for r in plain['runs']]
 
 
+@pytest.mark.parametrize(
+    'make, error, match',
+    [
+        (lambda: study.lr_schedule(1.0, 100, final=-0.5), ValueError, 'final finite and >= 0'),
+        (
+            lambda: study.lr_schedule(1.0, 100, warmup=1.0),
+            ValueError,
+            r'warmup must be in \[0, 1\)',
+        ),
+        (lambda: study.lr_schedule(1.0, 0), ValueError, 'count must be >= 1'),
+        (lambda: study.fixed_batch(0), ValueError, 'k must be >= 1'),  # stepped every microbatch
+        (lambda: study.fixed_batch(2.5), TypeError, 'k must be an integer'),  # every 3
+        (
+            lambda: study.frontier_loss_at([(0, 2.0), (10, 1.0)], 5),
+            ValueError,
+            'must have steps > 0',
+        ),
+    ],
+)
+def test_the_helpers_refuse_what_the_study_refuses(make, error, match):
+  with pytest.raises(error, match=match):
+    make()
+
+
 def test_merge_refuses_studies_that_share_a_seed():
   meta = {'learning_rates': [0.1], 'ks': [1, 2], 'microbatches': 8, 'arm_names': [], 'runs': []}
   with pytest.raises(ValueError, match='share seeds'):
