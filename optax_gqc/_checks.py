@@ -150,7 +150,8 @@ def check_positive_int(name: str, value: Any, fix: str = '') -> None:
 def check_count(name: str, value: Any) -> None:
   """Raises unless ``value`` is an integer >= 0 (NumPy's too), e.g. a number of microbatches."""
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-    raise ValueError(f'{name} must be an int >= 0, got {value!r}')
+    hint = ': pass int(x)' if np.ndim(value) == 0 and hasattr(value, 'dtype') else ''
+    raise ValueError(f'{name} must be an int >= 0, got {value!r}{hint}')
 
 
 def check_transformation(name: str, value: Any) -> None:

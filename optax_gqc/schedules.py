@@ -18,6 +18,7 @@ on, and agree with it on :math:`[0, M]`.
 This module is a leaf: it imports nothing else of optax_gqc.
 """
 
+import math
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -60,10 +61,12 @@ def _check_values(**values: Any) -> None:
 
 
 def _check_power(power: float) -> None:
-  if isinstance(power, bool) or not isinstance(power, numbers.Real) or not power >= 0:
+  if isinstance(power, bool) or not isinstance(power, numbers.Real) or not 0 <= power < math.inf:
+    hint = ' (pass float(power))' if np.ndim(power) == 0 and hasattr(power, 'dtype') else ''
     raise ValueError(
-        f'power must be a number >= 0, got {power!r}: the anneal is (1 - p)^power, which a '
-        'negative power sends to inf at the end of the run'
+        f'power must be a number >= 0, finite, got {power!r}{hint}: the anneal is '
+        '(1 - p)^power, which a negative power sends to inf at the end of the run, and an '
+        'infinite one turns into a step'
     )
 
 

@@ -103,7 +103,7 @@ def test_a_warmup_multiplier_may_be_an_array_or_traced():
   assert float(traced(10.0)) == want
 
 
-@pytest.mark.parametrize('power', [-1.0, float('nan'), '2', True])
+@pytest.mark.parametrize('power', [-1.0, float('nan'), float('inf'), '2', True, jnp.float32(2)])
 def test_a_power_below_zero_or_not_a_number_raises(power):
   # (1 - p)^power with a negative power grows to inf at the end of the run.
   for make in (schedules.polynomial_with_warmup, schedules.polynomial_with_inverse_warmup):
@@ -124,3 +124,5 @@ def test_values_may_be_arrays_or_traced_but_not_nan_or_strings():
     schedules.constant_with_warmup('abc', 10)
   with pytest.raises(ValueError, match='total_steps must be an int >= 0, got None'):
     schedules.polynomial_with_warmup(1.0, 0.0, 10, None)
+  with pytest.raises(ValueError, match=r'warmup_steps must be an int >= 0, got .*: pass int\(x\)'):
+    schedules.constant_with_warmup(1.0, jnp.int32(10))
