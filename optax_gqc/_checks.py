@@ -152,6 +152,8 @@ def check_count(name: str, value: Any) -> None:
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
     hint = ': pass int(x)' if np.ndim(value) == 0 and hasattr(value, 'dtype') else ''
     raise ValueError(f'{name} must be an int >= 0, got {value!r}{hint}')
+  if name.startswith('warmup') and value > INT32_MAX:  # compared with an int32 count
+    raise ValueError(f'{name} must be below 2**31, the int32 microbatch count, got {value}')
 
 
 def check_transformation(name: str, value: Any) -> None:

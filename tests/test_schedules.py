@@ -126,3 +126,5 @@ def test_values_may_be_arrays_or_traced_but_not_nan_or_strings():
     schedules.polynomial_with_warmup(1.0, 0.0, 10, None)
   with pytest.raises(ValueError, match=r'warmup_steps must be an int >= 0, got .*: pass int\(x\)'):
     schedules.constant_with_warmup(1.0, jnp.int32(10))
+  with pytest.raises(ValueError, match=r'warmup_steps must be below 2\*\*31'):
+    schedules.constant_with_warmup(1.0, 2**31)  # failed at its first call, in JAX's words
