@@ -111,8 +111,11 @@ def two_sided_tail(x: jax.Array, df: jax.Array) -> jax.Array:
 def t_quantile(confidence: jax.Array, df: jax.Array) -> jax.Array:
   """The two-sided Student-t quantile, ``scipy.stats.t.ppf((1 + confidence) / 2, df)``.
 
-  Computed on device by bisection on the closed-form tail, accurate to about
-  1e-6 relative in float32 for ``0 <= confidence < 1`` and integer ``df >= 1``.
+  Computed on device by bisection on the closed-form tail, in float32, for
+  ``0 <= confidence < 1`` and integer ``df >= 1``: accurate to about 1e-5
+  relative for confidences from 0.3 to 0.999 (against SciPy, ``df`` from 1 to
+  10,000), 2e-4 from 0.01 to 0.9999, 1e-3 at 0.99999 and 1e-2 at 0.999999;
+  below 0.01 the quantile nears 0, and with it its relative accuracy.
   Jittable and vectorisable.
 
   Args:
@@ -143,7 +146,7 @@ def t_quantile(confidence: jax.Array, df: jax.Array) -> jax.Array:
     )
     phi = jnp.exp(0.5 * (lo + hi))
     q = jnp.sqrt(df.astype(jnp.float32)) * jnp.cos(phi) / jnp.sin(phi)
-    return jnp.where(confidence > 0, q, 0.0)
+    return jnp.where(confidence > 0, jnp.maximum(q, 0.0), 0.0)  # float32's tail: not below 0
 
   return _elementwise(solve, confidence, df)
 

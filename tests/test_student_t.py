@@ -23,6 +23,22 @@ def test_quantile_of_zero_confidence_is_zero():
   assert float(t_quantile(0.0, 5)) == 0.0
 
 
+@pytest.mark.parametrize(
+    'confidence, rtol',
+    [(0.01, 3e-4), (0.3, 1e-5), (0.9999, 3e-4), (0.99999, 2e-3), (0.999999, 2e-2)],
+)
+def test_quantile_at_the_edges_is_as_accurate_as_its_docstring_says(confidence, rtol):
+  df = np.array([1, 2, 5, 30, 1000, 10000])
+  ours = np.asarray(t_quantile(np.float32(confidence), df))
+  ref = stats.t.ppf((1 + np.float64(np.float32(confidence))) / 2, df)
+  np.testing.assert_allclose(ours, ref, rtol=rtol)
+
+
+def test_quantile_of_a_tiny_confidence_is_not_negative():
+  # float32's tail rounding gave -0.0xx at df 1000, and an interval with low > high.
+  assert float(t_quantile(1e-6, 1000)) >= 0.0
+
+
 @pytest.mark.slow
 def test_two_sided_tail_matches_scipy_down_to_tiny_tails():
   x, df = np.meshgrid(np.linspace(0.0, 60.0, 241).astype(np.float32), np.arange(1, 513, 3))
