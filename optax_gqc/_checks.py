@@ -343,7 +343,7 @@ def check_gate_output(output: Any, old_state: Any) -> tuple[Any, Any]:
   hyperparameter under x64 promotes it), as an integer in another integer
   dtype: the engine casts it back.
   """
-  if not (isinstance(output, tuple) and len(output) == 2) or isinstance(
+  if not (isinstance(output, tuple | list) and len(output) == 2) or isinstance(
       output[0], dict | tuple | list
   ):
     raise TypeError(
