@@ -26,12 +26,27 @@ def non_negative_int(text: str) -> int:
 
 
 def json_path(text: str) -> str:
-  """An argparse type: a file to write, in a folder that exists (checked before the run)."""
+  """An argparse type: a file to write, in a folder that exists (checked before the run).
+
+  The file is opened for appending, as the run will write it, and a file that
+  did not exist is removed again: what cannot be written fails here, not after
+  the run.
+  """
+  if not text:
+    raise argparse.ArgumentTypeError('an empty path: give a file to write')
   folder = os.path.dirname(os.path.abspath(text))
   if not os.path.isdir(folder):
-    raise argparse.ArgumentTypeError(f'no folder {folder} to write {text} into')
-  if os.path.isdir(text) or not os.access(folder, os.W_OK):
-    raise argparse.ArgumentTypeError(f'cannot write a file {text}: a folder, or not writable')
+    raise argparse.ArgumentTypeError(f'no folder {folder} to write {text!r} into')
+  if os.path.isdir(text):
+    raise argparse.ArgumentTypeError(f'cannot write a file {text}: it is a folder')
+  existed = os.path.exists(text)
+  try:
+    with open(text, 'a'):
+      pass
+  except OSError as e:
+    raise argparse.ArgumentTypeError(f'cannot write a file {text}: {e.strerror}') from None
+  if not existed:
+    os.remove(text)
   return text
 
 

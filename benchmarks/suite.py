@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _report import positive_int
 
 import optax_gqc
 from optax_gqc import gates, study
@@ -347,7 +348,7 @@ def main(argv=None) -> int:
   parser.add_argument('--seeds', default='0,1,2')
   parser.add_argument('--ks', default='1,2,3,4,6,8,12,16,24,32')
   parser.add_argument('--arms', default=None, help='comma-separated subset of the arms')
-  parser.add_argument('--evals', type=int, default=4)
+  parser.add_argument('--evals', type=positive_int, default=4)
   parser.add_argument('--out', default=None, help='folder for <task>.json')
   parser.add_argument(
       '--merge',
@@ -377,10 +378,26 @@ def main(argv=None) -> int:
       parser.error('--merge adds seeds to the <task>.json in --out: give --out')
     for name in tasks:
       _check_mergeable(parser, Path(args.out, f'{name}.json'), seeds, ks, names)
-  for name in tasks:
-    task = TASKS[name]()
-    microbatches = functools.cache(task.microbatches)  # drawn once: for its count and the study
-    count = jax.tree.leaves(microbatches(seeds[0]))[0].shape[0]
+  if args.out:  # before training: a folder that cannot be made fails here, not at the end
+    try:
+      Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+      parser.error(f'--out {args.out}: {e.strerror}')
+  if min(ks) < 1 or 1 not in ks or len(set(seeds)) < len(seeds):
+    parser.error('--ks are integers >= 1 with 1 among them, and --seeds differ')
+  # Every task's count before any trains: a later task's too few microbatches fail here.
+  built_tasks = {name: TASKS[name]() for name in tasks}
+  microbatches = {}
+  for name, task in built_tasks.items():
+    microbatches[name] = functools.cache(task.microbatches)  # drawn once, kept
+    count = jax.tree.leaves(microbatches[name](seeds[0]))[0].shape[0]
+    if count < args.evals * max(ks):
+      parser.error(
+          f'{name} has {count} microbatches, too few for --evals {args.evals} and k up to '
+          f'{max(ks)}: lower either'
+      )
+  for name, task in built_tasks.items():
+    count = jax.tree.leaves(microbatches[name](seeds[0]))[0].shape[0]
     built = arms(count - count % args.evals)  # the ramps grow over the run's length
     chosen = {a: built[a] for a in names}
     start = time.perf_counter()
@@ -392,7 +409,7 @@ def main(argv=None) -> int:
     result = study.frontier_study(
         task.loss_fn,
         task.params,
-        microbatches,
+        microbatches[name],
         eval_batches=task.eval_batches,
         arms=chosen,
         learning_rates=task.learning_rates,

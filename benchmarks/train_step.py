@@ -35,6 +35,7 @@ microbatch) fails, or when a candidate did not step once every ``--every``.
 """
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -95,8 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   )
   parser.add_argument('--json', type=json_path, default=None)
   args = parser.parse_args(argv)
-  if not args.settle >= 0:
-    parser.error(f'--settle must be >= 0 seconds, got {args.settle}')
+  if not 0 <= args.settle < math.inf:  # time.sleep(inf) failed after the compiles
+    parser.error(f'--settle must be finite and >= 0 seconds, got {args.settle}')
   if args.width % args.heads:
     parser.error(f'--width ({args.width}) must be a multiple of --heads ({args.heads})')
   return args

@@ -158,6 +158,8 @@ def test_train_step_checks_its_arguments(load):
     bench.parse_args(['--threads', '0'])
   with pytest.raises(SystemExit):
     bench.parse_args(['--heads', '0'])  # was a ZeroDivisionError in the width check
+  with pytest.raises(SystemExit):
+    bench.parse_args(['--settle', 'inf'])  # time.sleep(inf) failed after the compiles
 
 
 @pytest.mark.parametrize(
@@ -170,6 +172,8 @@ def test_train_step_checks_its_arguments(load):
         ('compile', ['--leaves', '8', '0']),
         ('compile', ['--json', '/no/such/folder/out.json']),
         ('accumulation', ['--json', '/']),  # a folder
+        ('accumulation', ['--json', '/proc/out.json']),  # was written, and failed, after the run
+        ('compile', ['--json', '']),  # was accepted, and wrote nothing
     ],
 )
 def test_benchmarks_refuse_bad_arguments_before_they_run(load, monkeypatch, capsys, script, argv):
@@ -351,6 +355,13 @@ def test_suite_checks_its_arguments_before_training(load, tmp_path, capsys):
       f'--tasks teacher --merge --out {tmp_path / "none"}': 'no .*teacher.json',
       f'--tasks teacher --seeds 0 --ks 1,2 --arms gnts --merge --out {tmp_path}': 'other seeds',
       f'--tasks teacher --seeds 1 --ks 1,4 --arms gnts --merge --out {tmp_path}': 'pass the same',
+      # Each of these failed after the training it threw away, or in a traceback.
+      f'--tasks teacher --out {tmp_path / "teacher.json"}': r'--out .*File exists',
+      '--tasks teacher --out /proc/sub': '--out /proc/sub',
+      '--tasks teacher --evals 0': 'must be an integer >= 1',
+      '--tasks teacher --ks 0,1': 'integers >= 1 with 1 among them',
+      '--tasks teacher --seeds 0,0': '--seeds differ',
+      '--tasks teacher,lm --seeds 0 --ks 1,500 --evals 4': 'lm has 1600 microbatches, too few',
   }
   for argv, message in bad.items():
     with pytest.raises(SystemExit) as info:
