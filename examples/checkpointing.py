@@ -8,6 +8,7 @@ between two microbatches and restored into the same structure, the run goes
 on exactly as if it had never stopped.
 """
 
+import sys
 import tempfile
 
 import jax
@@ -89,4 +90,4 @@ def main(num_microbatches: int = 40, save_at: int = 18, seed: int = 0) -> dict:
 
 
 if __name__ == '__main__':
-  main()
+  sys.exit(0 if main()['resumed_equals_uninterrupted'] else 1)

@@ -172,7 +172,7 @@ def launch(
   return results
 
 
-def main() -> None:
+def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--process-id', type=int, help='run one worker (omit to launch locally)')
   parser.add_argument('--num-processes', type=int, default=2)
@@ -187,7 +187,7 @@ def main() -> None:
       with open(args.output, 'w') as f:
         json.dump(result, f)
     print(f'process {result["process_index"]}: {result["num_steps"][-1]} optimizer steps')
-    return
+    return 0
   try:
     results = launch(args.num_processes, args.devices_per_process, args.timeout)
   except ValueError as e:
@@ -200,7 +200,8 @@ def main() -> None:
     )
   same = all(r['num_steps'] == results[0]['num_steps'] for r in results)
   print(f'every process took the same decisions: {same}')
+  return 0 if same else 1
 
 
 if __name__ == '__main__':
-  main()
+  sys.exit(main())

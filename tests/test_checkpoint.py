@@ -7,6 +7,7 @@ jitted step, a state restored into an abstract target.
 """
 
 import importlib.util
+import pathlib
 import textwrap
 
 import jax
@@ -309,17 +310,33 @@ def reshard_run():
   return processes.run_script(RESHARD_SCRIPT)
 
 
-@pytest.mark.slow
-def test_example_resumes_bitwise(capsys):
+def _checkpointing_example():
   spec = importlib.util.spec_from_file_location(
       'examples_checkpointing', f'{processes.ROOT}/examples/checkpointing.py'
   )
   example = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(example)
-  result = example.main()
+  return example
+
+
+@pytest.mark.slow
+def test_example_resumes_bitwise(capsys):
+  result = _checkpointing_example().main()
   assert result['num_draws_at_save'] > 0
   assert result['resumed_equals_uninterrupted']
   assert 'bitwise: True' in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('same, status', [(True, 0), (False, 1)])
+def test_example_run_as_a_script_exits_on_its_verdict(monkeypatch, same, status):
+  example = _checkpointing_example()
+  monkeypatch.setattr(example, 'main', lambda: {'resumed_equals_uninterrupted': same})
+  source = pathlib.Path(example.__file__).read_text()
+  script = source[source.index("if __name__ == '__main__':") :]
+  with pytest.raises(SystemExit) as info:
+    exec(script, {**vars(example), '__name__': '__main__'})
+  assert info.value.code == status
 
 
 @pytest.mark.slow

@@ -79,3 +79,22 @@ def test_a_layout_that_cannot_split_the_batch_is_refused_before_any_worker_start
   # A ValueError from launch itself: the workers would fail with JAX's IndivisibleError.
   with pytest.raises(ValueError, match='must split the batch of 64 examples evenly'):
     example.launch(*layout)
+
+
+@pytest.mark.parametrize('steps, status', [([[1, 2], [1, 2]], 0), ([[1, 2], [1, 1]], 1)])
+def test_the_launcher_exits_on_its_verdict(example, monkeypatch, capsys, steps, status):
+  fake = [
+      {
+          'process_index': i,
+          'process_count': 2,
+          'local_device_count': 4,
+          'device_count': 8,
+          'num_steps': s,
+          'final_loss': 1.0,
+      }
+      for i, s in enumerate(steps)
+  ]
+  monkeypatch.setattr(example, 'launch', lambda *a: fake)
+  monkeypatch.setattr('sys.argv', ['multi_host.py'])
+  assert example.main() == status
+  assert f'same decisions: {not status}' in capsys.readouterr().out
