@@ -192,18 +192,32 @@ def print_main_table(results, param_bytes: int, every: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   parser.add_argument(
       '--params',
       type=positive_int,
       default=5_242_880,
-      help='float32 parameters (default 5,242,880); the targets are set for millions: far'
+      help='float32 parameters; the targets are set for millions: far'
       " below, fixed costs (the launches, the scalars, a reduction's partial sums) fail them",
   )
-  parser.add_argument('--every', type=positive_int, default=8)
-  parser.add_argument('--rounds', type=positive_int, default=7)
-  parser.add_argument('--cycles', type=positive_int, default=3)
-  parser.add_argument('--json', type=json_path, default=None)
+  parser.add_argument('--every', type=positive_int, default=8, help='microbatches per step')
+  parser.add_argument(
+      '--rounds', type=positive_int, default=7, help='timed rounds; the median counts'
+  )
+  parser.add_argument(
+      '--cycles',
+      type=positive_int,
+      default=3,
+      help='optimizer steps timed per round, each of --every microbatches',
+  )
+  parser.add_argument(
+      '--json',
+      type=json_path,
+      default=None,
+      help='also write the table and the targets to this JSON file',
+  )
   args = parser.parse_args(argv)
 
   params = make_params(args.params)
@@ -246,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
       'params': n_params,
       'every': args.every,
       'rounds': args.rounds,
+      'cycles': args.cycles,
       'device': jax.devices()[0].platform,
       'results': results,
       'gates': gate_results,

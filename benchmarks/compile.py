@@ -309,10 +309,25 @@ def print_table(results: dict[int, dict[str, dict]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--leaves', type=positive_int, nargs='+', default=[8, 32, 128])
-  parser.add_argument('--rounds', type=positive_int, default=3)
-  parser.add_argument('--json', type=json_path, default=None)
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
+  parser.add_argument(
+      '--leaves',
+      type=positive_int,
+      nargs='+',
+      default=[8, 32, 128],
+      help='parameter leaves of the MLP (a weight and a bias per layer), one program each',
+  )
+  parser.add_argument(
+      '--rounds', type=positive_int, default=3, help='fresh traces and compiles; the median counts'
+  )
+  parser.add_argument(
+      '--json',
+      type=json_path,
+      default=None,
+      help='also write the table and the targets to this JSON file',
+  )
   args = parser.parse_args(argv)
   if any(n < 2 or n % 2 for n in args.leaves):
     parser.error('--leaves: each must be an even number >= 2 (a weight and a bias per layer)')

@@ -43,14 +43,23 @@ def candidates() -> dict[str, optax.GradientTransformation]:
   }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
   """Prints the table; returns 1 if a target fails, else 0."""
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--params', type=positive_int, default=5_242_880)
-  parser.add_argument('--rounds', type=positive_int, default=9)
-  parser.add_argument('--iters', type=positive_int, default=20)
-  parser.add_argument('--json', type=json_path, default=None)
-  args = parser.parse_args()
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
+  parser.add_argument('--params', type=positive_int, default=5_242_880, help='float32 parameters')
+  parser.add_argument(
+      '--rounds', type=positive_int, default=9, help='timed rounds; the median counts'
+  )
+  parser.add_argument('--iters', type=positive_int, default=20, help='updates per round')
+  parser.add_argument(
+      '--json',
+      type=json_path,
+      default=None,
+      help='also write the table and the targets to this JSON file',
+  )
+  args = parser.parse_args(argv)
 
   params = make_params(args.params)
   n_params = sum(x.size for x in jax.tree.leaves(params))

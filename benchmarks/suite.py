@@ -343,12 +343,24 @@ def _check_mergeable(parser, path: Path, seeds, ks, arm_names) -> None:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--tasks', default='lm,lm-small,teacher,digits')
-  parser.add_argument('--seeds', default='0,1,2')
-  parser.add_argument('--ks', default='1,2,3,4,6,8,12,16,24,32')
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
+  parser.add_argument(
+      '--tasks',
+      default='lm,lm-small,teacher,digits',
+      help=f"comma-separated, of {', '.join(TASKS)}",
+  )
+  parser.add_argument('--seeds', default='0,1,2', help='comma-separated seeds, all different')
+  parser.add_argument(
+      '--ks',
+      default='1,2,3,4,6,8,12,16,24,32',
+      help='the frontier: microbatches per step, 1 among them',
+  )
   parser.add_argument('--arms', default=None, help='comma-separated subset of the arms')
-  parser.add_argument('--evals', type=positive_int, default=4)
+  parser.add_argument(
+      '--evals', type=positive_int, default=4, help='validation losses per run, evenly spaced'
+  )
   parser.add_argument('--out', default=None, help='folder for <task>.json')
   parser.add_argument(
       '--merge',

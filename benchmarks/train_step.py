@@ -62,17 +62,21 @@ ACCUMULATING = ('jax_multisteps', 'gnts_optax', 'gnts_fused', 'torch_gqc')
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--width', type=positive_int, default=256)
-  parser.add_argument('--layers', type=positive_int, default=8)
-  parser.add_argument('--heads', type=positive_int, default=4)
-  parser.add_argument('--context', type=positive_int, default=64)
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
+  parser.add_argument('--width', type=positive_int, default=256, help='model width')
+  parser.add_argument('--layers', type=positive_int, default=8, help='transformer blocks')
+  parser.add_argument('--heads', type=positive_int, default=4, help='attention heads')
+  parser.add_argument('--context', type=positive_int, default=64, help='tokens per sequence')
   parser.add_argument('--microbatch', type=positive_int, default=4, help='sequences per microbatch')
-  parser.add_argument('--vocab', type=positive_int, default=256)
+  parser.add_argument('--vocab', type=positive_int, default=256, help='vocabulary size')
   parser.add_argument(
       '--every', type=positive_int, default=8, help='microbatches per optimizer step'
   )
-  parser.add_argument('--rounds', type=positive_int, default=4)
+  parser.add_argument(
+      '--rounds', type=positive_int, default=4, help='timed rounds; the median counts'
+  )
   parser.add_argument(
       '--warmup', type=non_negative_int, default=2, help='microbatches before timing'
   )
@@ -94,7 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument(
       '--breakdown', action='store_true', help='also time forward+backward alone on each side'
   )
-  parser.add_argument('--json', type=json_path, default=None)
+  parser.add_argument(
+      '--json',
+      type=json_path,
+      default=None,
+      help='also write the table and the targets to this JSON file',
+  )
   args = parser.parse_args(argv)
   if not 0 <= args.settle < math.inf:  # time.sleep(inf) failed after the compiles
     parser.error(f'--settle must be finite and >= 0 seconds, got {args.settle}')

@@ -1,5 +1,6 @@
 """The benchmark scripts: their targets decide their exit status, and they run on tiny sizes."""
 
+import argparse
 import importlib.util
 import json
 import os
@@ -474,3 +475,19 @@ def test_compile_runs_on_a_tiny_model(load, tmp_path, capsys):
   assert sizes == sorted(set(sizes)), sizes  # each holds the one before it
   out = capsys.readouterr().out
   assert out.count('PASS') + out.count('FAIL') == len(data['targets']) == 6
+
+
+@pytest.mark.parametrize('script', ['accumulation', 'compile', 'sgd_sai', 'suite', 'train_step'])
+def test_every_benchmark_flag_has_its_help(load, monkeypatch, capsys, script):
+  flags = []
+  add = argparse.ArgumentParser.add_argument
+
+  def spy(self, *names, **kwargs):
+    flags.append((names[0], kwargs.get('help')))
+    return add(self, *names, **kwargs)
+
+  monkeypatch.setattr(argparse.ArgumentParser, 'add_argument', spy)
+  with pytest.raises(SystemExit) as info:
+    load(script).main(['--help'])
+  assert info.value.code == 0 and '--help' in capsys.readouterr().out
+  assert [name for name, text in flags if name != '-h' and not text] == []
