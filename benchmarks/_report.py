@@ -50,6 +50,16 @@ def json_path(text: str) -> str:
   return text
 
 
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+  """The ``--json FILE`` flag every benchmark takes, checked by :func:`json_path`."""
+  parser.add_argument(
+      '--json',
+      type=json_path,
+      default=None,
+      help='also write the table and the targets to this JSON file',
+  )
+
+
 def print_targets(targets: dict[str, bool]) -> None:
   for target, ok in targets.items():
     print(f"{'PASS' if ok else 'FAIL'}  {target}")

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from _common import make_grads, make_params, measure, optimizer_step, ratio, tree_bytes
-from _report import finish, json_path, positive_int, print_targets
+from _report import add_json_argument, finish, positive_int, print_targets
 
 import optax_gqc
 
@@ -212,12 +212,7 @@ def main(argv: list[str] | None = None) -> int:
       default=3,
       help='optimizer steps timed per round, each of --every microbatches',
   )
-  parser.add_argument(
-      '--json',
-      type=json_path,
-      default=None,
-      help='also write the table and the targets to this JSON file',
-  )
+  add_json_argument(parser)
   args = parser.parse_args(argv)
 
   params = make_params(args.params)

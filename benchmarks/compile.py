@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from _common import hlo_size
-from _report import finish, json_path, positive_int, print_targets
+from _report import add_json_argument, finish, positive_int, print_targets
 
 import optax_gqc
 from optax_gqc._numerics import kept_cond, sq_norm
@@ -322,12 +322,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
       '--rounds', type=positive_int, default=3, help='fresh traces and compiles; the median counts'
   )
-  parser.add_argument(
-      '--json',
-      type=json_path,
-      default=None,
-      help='also write the table and the targets to this JSON file',
-  )
+  add_json_argument(parser)
   args = parser.parse_args(argv)
   if any(n < 2 or n % 2 for n in args.leaves):
     parser.error('--leaves: each must be an even number >= 2 (a weight and a bias per layer)')

@@ -19,7 +19,7 @@ import sys
 import jax
 import optax
 from _common import make_grads, make_params, measure, optimizer_step, ratio, tree_bytes
-from _report import json_path, positive_int
+from _report import add_json_argument, positive_int
 
 from optax_gqc import _sgd_sai
 
@@ -53,12 +53,7 @@ def main(argv: list[str] | None = None) -> int:
       '--rounds', type=positive_int, default=9, help='timed rounds; the median counts'
   )
   parser.add_argument('--iters', type=positive_int, default=20, help='updates per round')
-  parser.add_argument(
-      '--json',
-      type=json_path,
-      default=None,
-      help='also write the table and the targets to this JSON file',
-  )
+  add_json_argument(parser)
   args = parser.parse_args(argv)
 
   params = make_params(args.params)

@@ -41,7 +41,7 @@ import statistics
 import sys
 import time
 
-from _report import finish, json_path, non_negative_int, positive_int, print_targets
+from _report import add_json_argument, finish, non_negative_int, positive_int, print_targets
 
 TARGET = 0.7  # gnts fused, per microbatch, as a fraction of torch-gqc
 
@@ -98,12 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument(
       '--breakdown', action='store_true', help='also time forward+backward alone on each side'
   )
-  parser.add_argument(
-      '--json',
-      type=json_path,
-      default=None,
-      help='also write the table and the targets to this JSON file',
-  )
+  add_json_argument(parser)
   args = parser.parse_args(argv)
   if not 0 <= args.settle < math.inf:  # time.sleep(inf) failed after the compiles
     parser.error(f'--settle must be finite and >= 0 seconds, got {args.settle}')
