@@ -113,6 +113,13 @@ def check_state(
       got, want = _describe_state(state.inner_state), _describe_state(expected)
       if got == want:
         got, want = str(got_def)[:300], str(expected_def)[:300]
+      if jax.tree.structure(params) != jax.tree.structure(state.accumulator):
+        raise ValueError(
+            'accumulate: the params do not match those given to init: '
+            f'{str(jax.tree.structure(params))[:300]} vs '
+            f'{str(jax.tree.structure(state.accumulator))[:300]}, so neither does the inner '
+            "optimizer's state. Pass the params that tx.init(params) was given"
+        )
       raise TypeError(
           'accumulate: the state does not belong to this transformation: its inner state is '
           f'{got}, but this inner optimizer keeps {want}. It is the state of an accumulation '
@@ -344,6 +351,8 @@ def accumulate(
 
   def step_fn(updates, state, params, extra_args, apply):
     """One microbatch; with ``apply``, returns new params in place of updates."""
+    if isinstance(state, AccumulateState):  # else check_state says what the state is
+      _checks.check_params_like_init(params, state.accumulator)
     check_state(state, gate, inner, updates if params is None else params)
     _checks.check_like_params(updates, state.accumulator)
     grad_sq = _checks.global_sq_norm(updates, axis_name)
@@ -572,6 +581,8 @@ def update_and_apply(
     >>> params['w']  # stepped on the mean gradient, 2
     Array([0., 0.], dtype=float32)
   """
+  if params is None:  # optax.apply_updates(None, updates) is None: the step would be lost
+    raise TypeError('update_and_apply returns the new params: pass the params to update')
   fused = getattr(tx, 'update_and_apply', None)
   if fused is not None:
     return fused(grads, opt_state, params, **extra_args)

@@ -294,6 +294,23 @@ def check_inexact(where: str, g: Any, truncated: str) -> None:
     )
 
 
+def check_params_like_init(params: Any, accumulator: Any) -> None:
+  """Raises at trace time if ``params`` have the tree of those ``init`` was given, other shapes.
+
+  The accumulator mirrors the params given to ``init``. Another tree may be
+  the inner optimizer's (``optax.lookahead`` takes its fast and slow params).
+  """
+  if params is None or jax.tree.structure(params) != jax.tree.structure(accumulator):
+    return
+  paths = jax.tree_util.tree_leaves_with_path(params)
+  for (path, p), a in zip(paths, jax.tree.leaves(accumulator), strict=True):
+    if jnp.shape(p) != a.shape:
+      raise ValueError(
+          f'accumulate: param {jax.tree_util.keystr(path)} has shape {jnp.shape(p)}, but the '
+          f'params given to init had {a.shape}: pass the params that tx.init(params) was given'
+      )
+
+
 def check_like_params(updates: Any, accumulator: Any) -> None:
   """Raises at trace time if the gradients do not match the params from init."""
   if jax.tree.structure(updates) != jax.tree.structure(accumulator):

@@ -776,3 +776,27 @@ def test_a_python_number_among_the_params_accumulates_as_multisteps_does():
     np.testing.assert_allclose(updates['temperature'], ms_updates['temperature'], rtol=1e-6)
     np.testing.assert_allclose(updates['w'], ms_updates['w'], rtol=1e-6)
   assert int(state.num_steps) == 2 and float(updates['temperature']) != 0.0
+
+
+def test_params_unlike_those_of_init_are_named_not_the_state():
+  params = {'w': jnp.zeros(4), 'b': jnp.zeros(())}
+  grads = jax.tree.map(jnp.ones_like, params)
+  tx = optax_gqc.sbc(optax.adam(0.1), 1, 1)
+  state = tx.init(params)
+  for update in (tx.update, lambda g, s, p: optax_gqc.update_and_apply(tx, g, s, p)):
+    with pytest.raises(ValueError, match=r"param \['w'\] has shape \(5,\), but the params given"):
+      update(grads, state, {**params, 'w': jnp.zeros(5)})
+    with pytest.raises(ValueError, match='the params do not match those given to init'):
+      update(grads, state, {'w': params['w']})  # was: "the state does not belong"
+  with pytest.raises(TypeError, match='update_and_apply returns the new params'):
+    optax_gqc.update_and_apply(tx, grads, state, None)  # the step was lost
+
+
+def test_an_inner_optimizer_with_params_of_its_own_keeps_working():
+  # optax.lookahead's update takes its fast and slow params, not those of init.
+  fast = {'w': jnp.ones(3)}
+  tx = optax_gqc.sbc(optax.lookahead(optax.sgd(0.1), 2, 0.5), 1, 1)
+  state = tx.init(fast)
+  params = optax.LookaheadParams(fast, fast)
+  updates, state = jax.jit(tx.update)({'w': jnp.ones(3)}, state, params)
+  np.testing.assert_allclose(updates.fast['w'], -0.1)
