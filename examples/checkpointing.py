@@ -8,6 +8,7 @@ between two microbatches and restored into the same structure, the run goes
 on exactly as if it had never stopped.
 """
 
+import argparse
 import sys
 import tempfile
 
@@ -90,4 +91,5 @@ def main(num_microbatches: int = 40, save_at: int = 18, seed: int = 0) -> dict:
 
 
 if __name__ == '__main__':
+  argparse.ArgumentParser(description=__doc__.split('\n\n')[0]).parse_args()  # --help; no flags
   sys.exit(0 if main()['resumed_equals_uninterrupted'] else 1)

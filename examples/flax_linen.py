@@ -13,6 +13,8 @@ microbatches, not optimizer steps: those are
 ``optax_gqc.statistics(state.opt_state)['num_steps']``.
 """
 
+import argparse
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -99,6 +101,7 @@ def main(
 
 
 if __name__ == '__main__':
+  argparse.ArgumentParser(description=__doc__.split('\n\n')[0]).parse_args()  # --help; no flags
   result = main(log_every=100)
   print(
       f'test accuracy {result["initial_accuracy"]:.3f} -> {result["final_accuracy"]:.3f}, '

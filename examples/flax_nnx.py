@@ -13,6 +13,8 @@ on the mean's norm. ``optimizer.step`` counts microbatches, not optimizer
 steps: those are ``optax_gqc.statistics(optimizer.opt_state)['num_steps']``.
 """
 
+import argparse
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,6 +95,7 @@ def main(
 
 
 if __name__ == '__main__':
+  argparse.ArgumentParser(description=__doc__.split('\n\n')[0]).parse_args()  # --help; no flags
   result = main(log_every=100)
   print(
       f'test accuracy {result["initial_accuracy"]:.3f} -> {result["final_accuracy"]:.3f}, '

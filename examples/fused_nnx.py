@@ -11,6 +11,8 @@ touches only the accumulator. Donating the model and the optimizer lets XLA
 update both in place.
 """
 
+import argparse
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,6 +97,7 @@ def main(
 
 
 if __name__ == '__main__':
+  argparse.ArgumentParser(description=__doc__.split('\n\n')[0]).parse_args()  # --help; no flags
   result = main(log_every=100)
   print(
       f'held-out accuracy {result["initial_accuracy"]:.3f} -> {result["final_accuracy"]:.3f}; '

@@ -332,6 +332,7 @@ def test_example_resumes_bitwise(capsys):
 def test_example_run_as_a_script_exits_on_its_verdict(monkeypatch, same, status):
   example = _checkpointing_example()
   monkeypatch.setattr(example, 'main', lambda: {'resumed_equals_uninterrupted': same})
+  monkeypatch.setattr('sys.argv', ['checkpointing.py'])
   source = pathlib.Path(example.__file__).read_text()
   script = source[source.index("if __name__ == '__main__':") :]
   with pytest.raises(SystemExit) as info:

@@ -2,6 +2,8 @@
 
 import importlib.util
 import pathlib
+import subprocess
+import sys
 import types
 
 import pytest
@@ -49,3 +51,16 @@ def test_example_warns_when_a_counter_of_bad_input_grows(name, capsys):
   warn({'num_bad_hyperparams': 3, 'num_skipped': 1})
   out = capsys.readouterr().out
   assert 'WARNING: 3 microbatches' in out and '1 rejected' in out
+
+
+@pytest.mark.parametrize('name', ['flax_nnx', 'flax_linen', 'fused_nnx', 'checkpointing'])
+def test_example_help_says_what_it_runs_and_runs_nothing(name):
+  # --help (or any flag) used to run the whole example.
+  out = subprocess.run(
+      [sys.executable, str(EXAMPLES / f'{name}.py'), '--help'],
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
+  assert out.returncode == 0 and out.stdout.startswith(f'usage: {name}.py')
+  assert 'test accuracy' not in out.stdout and 'bitwise' not in out.stdout
