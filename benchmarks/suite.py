@@ -399,18 +399,17 @@ def main(argv=None) -> int:
     parser.error('--ks are integers >= 1 with 1 among them, and --seeds differ')
   # Every task's count before any trains: a later task's too few microbatches fail here.
   built_tasks = {name: TASKS[name]() for name in tasks}
-  microbatches = {}
+  microbatches, counts = {}, {}
   for name, task in built_tasks.items():
     microbatches[name] = functools.cache(task.microbatches)  # drawn once, kept
-    count = jax.tree.leaves(microbatches[name](seeds[0]))[0].shape[0]
+    counts[name] = count = jax.tree.leaves(microbatches[name](seeds[0]))[0].shape[0]
     if count < args.evals * max(ks):
       parser.error(
           f'{name} has {count} microbatches, too few for --evals {args.evals} and k up to '
           f'{max(ks)}: lower either'
       )
   for name, task in built_tasks.items():
-    count = jax.tree.leaves(microbatches[name](seeds[0]))[0].shape[0]
-    built = arms(count - count % args.evals)  # the ramps grow over the run's length
+    built = arms(counts[name] - counts[name] % args.evals)  # the ramps grow over the run's length
     chosen = {a: built[a] for a in names}
     start = time.perf_counter()
 

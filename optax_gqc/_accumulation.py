@@ -351,9 +351,8 @@ def accumulate(
 
   def step_fn(updates, state, params, extra_args, apply):
     """One microbatch; with ``apply``, returns new params in place of updates."""
-    if isinstance(state, AccumulateState):  # else check_state says what the state is
-      _checks.check_params_like_init(params, state.accumulator)
     check_state(state, gate, inner, updates if params is None else params)
+    _checks.check_params_like_init(params, state.accumulator)
     _checks.check_like_params(updates, state.accumulator)
     grad_sq = _checks.global_sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)

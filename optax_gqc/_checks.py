@@ -147,12 +147,15 @@ def check_positive_int(name: str, value: Any, fix: str = '') -> None:
     )
 
 
-def check_count(name: str, value: Any) -> None:
-  """Raises unless ``value`` is an integer >= 0 (NumPy's too), e.g. a number of microbatches."""
+def check_count(name: str, value: Any, *, int32: bool = False) -> None:
+  """Raises unless ``value`` is an integer >= 0 (NumPy's too), e.g. a number of microbatches.
+
+  With ``int32``, also unless it is below 2**31: it is compared with an int32 count.
+  """
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
     hint = ': pass int(x)' if np.ndim(value) == 0 and hasattr(value, 'dtype') else ''
     raise ValueError(f'{name} must be an int >= 0, got {value!r}{hint}')
-  if name.startswith('warmup') and value > INT32_MAX:  # compared with an int32 count
+  if int32 and value > INT32_MAX:
     raise ValueError(f'{name} must be below 2**31, the int32 microbatch count, got {value}')
 
 

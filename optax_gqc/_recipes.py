@@ -359,7 +359,7 @@ def _run_length(
   warmup_name, warmup = _given(
       'warmup_microbatches', warmup_microbatches, 'warmup_steps', warmup_steps
   )
-  _checks.check_count(warmup_name, warmup)
+  _checks.check_count(warmup_name, warmup, int32=True)
   _checks.check_count(total_name, total)
   if warmup > total:
     raise ValueError(

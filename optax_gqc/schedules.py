@@ -42,7 +42,7 @@ __all__ = [
 
 def _check_steps(warmup_steps: int, total_steps: int) -> None:
   """An anneal's counts: its warmup, and its end, which it needs."""
-  _checks.check_count('warmup_steps', warmup_steps)
+  _checks.check_count('warmup_steps', warmup_steps, int32=True)
   _checks.check_count('total_steps', total_steps)
 
 
@@ -137,7 +137,7 @@ def constant_with_warmup(value: float, warmup_steps: int) -> optax.Schedule:
 
   Mirrors torch-schedule-anything's ``constant_with_warmup``.
   """
-  _checks.check_count('warmup_steps', warmup_steps)
+  _checks.check_count('warmup_steps', warmup_steps, int32=True)
   _check_values(value=value)
   return _schedule(warmup_steps, None, _warm(value), lambda p: value + 0.0 * p)
 
@@ -149,7 +149,7 @@ def constant_with_inverse_warmup(
 
   Mirrors torch-schedule-anything's ``constant_with_inverse_warmup``.
   """
-  _checks.check_count('warmup_steps', warmup_steps)
+  _checks.check_count('warmup_steps', warmup_steps, int32=True)
   _check_values(value=value)
   return _schedule(
       warmup_steps, None, _inverse_warm(value, warmup_multiplier), lambda p: value + 0.0 * p
