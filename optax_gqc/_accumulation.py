@@ -476,6 +476,7 @@ def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, appl
     if apply:
       # n < 0 is a zero the compiler cannot see: see _numerics.rounded.
       new_updates = rounded(new_updates, (n < 0).astype(jnp.int32))
+      _checks.check_params_take_updates(params, new_updates)
       return optax.apply_updates(params, new_updates), new_state, stepped
     step_shapes.append(jax.eval_shape(lambda: new_updates))
     return new_updates, new_state, stepped

@@ -314,6 +314,26 @@ def check_params_like_init(params: Any, accumulator: Any) -> None:
       )
 
 
+def check_params_take_updates(params: Any, updates: Any) -> None:
+  """Raises at trace time if the fused step's params cannot take the inner update.
+
+  An inner optimizer whose state ignores the params (``optax.sgd``) lets
+  params unlike init's reach ``optax.apply_updates``, whose error names no param.
+  """
+  if jax.tree.structure(params) == jax.tree.structure(updates):
+    return
+  keys = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(params)}
+  want = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(updates)}
+  missing, extra = sorted(want - keys), sorted(keys - want)
+  raise ValueError(
+      'update_and_apply: the params do not match the inner update'
+      + (f'; missing {", ".join(missing)}' if missing else '')
+      + (f'; not updated {", ".join(extra)}' if extra else '')
+      + f': {jax.tree.structure(params)} vs {jax.tree.structure(updates)}. Pass the params '
+      'that tx.init(params) was given'
+  )
+
+
 def check_like_params(updates: Any, accumulator: Any) -> None:
   """Raises at trace time if the gradients do not match the params from init."""
   if jax.tree.structure(updates) != jax.tree.structure(accumulator):

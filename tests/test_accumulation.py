@@ -792,6 +792,21 @@ def test_params_unlike_those_of_init_are_named_not_the_state():
     optax_gqc.update_and_apply(tx, grads, state, None)  # the step was lost
 
 
+def test_fused_params_unlike_init_are_named_when_the_state_ignores_them():
+  # sgd's state holds nothing of the params: apply_updates was the first to see them.
+  params = {'w': jnp.zeros(4), 'b': jnp.zeros(())}
+  grads = jax.tree.map(jnp.ones_like, params)
+  tx = optax_gqc.sbc(optax.sgd(0.1), 1, 1)
+  state = tx.init(params)
+  fused = jax.jit(functools.partial(optax_gqc.update_and_apply, tx))
+  with pytest.raises(ValueError, match=r"do not match the inner update; missing \['b'\]"):
+    fused(grads, state, {'w': params['w']})
+  with pytest.raises(ValueError, match=r"not updated \['c'\]"):
+    fused(grads, state, {**params, 'c': jnp.zeros(2)})
+  new_params, _ = fused(grads, state, params)
+  np.testing.assert_allclose(new_params['w'], -0.1)
+
+
 def test_an_inner_optimizer_with_params_of_its_own_keeps_working():
   # optax.lookahead's update takes its fast and slow params, not those of init.
   fast = {'w': jnp.ones(3)}
