@@ -181,14 +181,16 @@ def gnts(
     gate = gate._replace(microbatch_size=microbatch_size)
   elif threshold is None:
     _checks.check_scalar_or_schedule('ratio', ratio)  # norm_below's check names its threshold
+    _checks.check_gate_can_open('gnts', max_draws, ratio=ratio, eta=0.8 if eta is None else eta)
     gate = gates.any_of(
         gates.norm_below(ratio, relative=True),
         gates.relative_error_below(0.8 if eta is None else eta),
     )
   elif eta is None:
-    _checks.check_gate_can_open('gnts', 'threshold', threshold, max_draws)
+    _checks.check_gate_can_open('gnts', max_draws, threshold=threshold)
     gate = gates.norm_below(threshold)
   else:
+    _checks.check_gate_can_open('gnts', max_draws, threshold=threshold, eta=eta)
     gate = gates.any_of(gates.norm_below(threshold), gates.relative_error_below(eta))
   return accumulate(
       inner,
@@ -294,7 +296,7 @@ def noise_ratio_accumulation(
     >>> import optax, optax_gqc
     >>> tx = optax_gqc.noise_ratio_accumulation(optax.adamw(1e-3), tolerance=0.05)
   """
-  _checks.check_gate_can_open('noise_ratio_accumulation', 'tolerance', tolerance, max_draws)
+  _checks.check_gate_can_open('noise_ratio_accumulation', max_draws, tolerance=tolerance)
   return accumulate(
       inner,
       gates.noise_ratio_below(tolerance),
@@ -340,6 +342,8 @@ def mht(
     >>> state = tx.init(params)
     >>> updates, state = tx.update({'w': jnp.ones(2)}, state, params, value=1.5)
   """
+  if not _checks.is_zero(confidence):  # at confidence 0 the interval is empty: it opens
+    _checks.check_gate_can_open('mht', max_draws, percent_error=percent_error)
   return accumulate(
       inner,
       gates.loss_interval(confidence, percent_error, decay=decay),
@@ -374,6 +378,7 @@ def norm_test_accumulation(
     >>> import optax, optax_gqc
     >>> tx = optax_gqc.norm_test_accumulation(optax.adagrad(1e-2), eta=0.5)
   """
+  _checks.check_gate_can_open('norm_test_accumulation', max_draws, eta=eta)
   return accumulate(
       inner,
       gates.relative_error_below(eta),

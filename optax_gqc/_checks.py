@@ -59,6 +59,19 @@ def concrete_float(name: str, value: Any, *, schedule: bool = False) -> float | 
   return float(value)
 
 
+def _as_computed(v: float) -> list[tuple[float, str]]:
+  """``v``, and its float32 rounding if another: each with how an error shows it.
+
+  The gates and the engine compute in float32, where ``1 - 1e-9`` is 1 and
+  ``1e-50`` is 0: a constant is checked as they will read it too.
+  """
+  with np.errstate(over='ignore'):
+    v32 = float(np.float32(v))
+  if v32 == v or math.isnan(v):
+    return [(v, str(v))]
+  return [(v, str(v)), (v32, f'{v} ({v32} in float32)')]
+
+
 def check_schedule(name: str, schedule: Any, *, allow_bool: bool = True) -> None:
   """Raises unless ``schedule`` maps a traced int32 step count to a scalar.
 
@@ -97,11 +110,10 @@ def check_scalar_or_schedule(
     check_schedule(name, value, allow_bool=False)  # True would be 1.0
     return
   v = concrete_float(name, value, schedule=True)
-  if v is None:
-    return
-  if math.isnan(v) or v < 0 or (positive and v == 0) or (finite and math.isinf(v)):
-    bound = '> 0' if positive else '>= 0'
-    raise ValueError(f"{name} must be {'finite and ' if finite else ''}{bound}, got {v}")
+  for x, shown in [] if v is None else _as_computed(v):
+    if math.isnan(x) or x < 0 or (positive and x == 0) or (finite and math.isinf(x)):
+      bound = '> 0' if positive else '>= 0'
+      raise ValueError(f"{name} must be {'finite and ' if finite else ''}{bound}, got {shown}")
 
 
 def check_positive(name: str, value: Any, *, finite: bool = False) -> None:
@@ -110,15 +122,17 @@ def check_positive(name: str, value: Any, *, finite: bool = False) -> None:
   Traced values pass.
   """
   v = concrete_float(name, value)
-  if v is not None and not (v > 0.0 and (not finite or v < math.inf)):
-    raise ValueError(f"{name} must be {'finite and ' if finite else ''}> 0, got {v}")
+  for x, shown in [] if v is None else _as_computed(v):
+    if not (x > 0.0 and (not finite or x < math.inf)):
+      raise ValueError(f"{name} must be {'finite and ' if finite else ''}> 0, got {shown}")
 
 
 def check_unit_interval(name: str, value: Any) -> None:
   """Raises unless a constant ``value`` lies in [0, 1); traced values pass."""
   v = concrete_float(name, value)
-  if v is not None and not 0.0 <= v < 1.0:
-    raise ValueError(f'{name} must be in [0, 1), got {v}')
+  for x, shown in [] if v is None else _as_computed(v):
+    if not 0.0 <= x < 1.0:
+      raise ValueError(f'{name} must be in [0, 1), got {shown}')
 
 
 def check_positive_int(name: str, value: Any, fix: str = '') -> None:
@@ -227,17 +241,30 @@ def check_draws_reach_batch(
     )
 
 
-def check_gate_can_open(who: str, name: str, value: Any, max_draws: Any) -> None:
-  """Raises if a bound of 0 with no ``max_draws`` would keep the gate closed for good.
+def is_zero(value: Any) -> bool:
+  """Whether ``value`` is a concrete real scalar that float32, the gates' precision, rounds to 0."""
+  if isinstance(value, jax.core.Tracer) or not is_number(value) or np.ndim(value) != 0:
+    return False
+  return np.float32(value) == 0
 
-  Such a gate opens on a mean gradient (or a spread) of exactly 0 alone.
+
+def check_gate_can_open(who: str, max_draws: Any, **bounds: Any) -> None:
+  """Raises if bounds of 0 with no ``max_draws`` would keep the gate closed for good.
+
+  Such a gate opens on a mean gradient (or a spread) of exactly 0 alone. It
+  opens otherwise if any of ``bounds`` (numbers, concrete arrays or schedules)
+  is above 0; one that float32 rounds to 0 (``1e-50``) counts as 0.
   """
-  if max_draws is None and isinstance(value, numbers.Real) and value == 0:
-    raise ValueError(
-        f'{who}: {name}=0 with max_draws=None: the gate would open only where the '
-        f'measure is exactly 0, so the run would stop stepping where it is 0. Give {name} > 0, '
-        'or a max_draws that forces a step'
-    )
+  if max_draws is not None or not all(is_zero(v) for v in bounds.values()):
+    return
+  zeros = [
+      f'{k}=0' if float(v) == 0 else f'{k}={float(v)!r} (0 in float32)' for k, v in bounds.items()
+  ]
+  raise ValueError(
+      f"{who}: {' and '.join(zeros)} with max_draws=None: the gate would open only where the "
+      'measure is exactly 0, so the run would stop stepping where it is not. Give '
+      f"{' or '.join(bounds)} > 0, or a max_draws that forces a step"
+  )
 
 
 def check_decision(step: Any, who: str) -> None:

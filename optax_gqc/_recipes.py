@@ -506,7 +506,7 @@ def _annealed(
       **{f'initial_{name}': initial, f'final_{name}': final},
       warmup_multiplier=warmup_multiplier,
   )
-  _checks.check_gate_can_open('the recipe', f'final_{name}', final, engine['max_draws'])
+  _checks.check_gate_can_open('the recipe', engine['max_draws'], **{f'final_{name}': final})
   schedule = cosine_with_inverse_warmup(initial, final, warmup, total, warmup_multiplier)
   return _accumulating_recipe(optimizer, gate(schedule), hyperparams, optimizer_kwargs, engine)
 
@@ -967,7 +967,7 @@ def gns_default(
   total, warmup, hyperparams = _schedules(
       run, learning_rate, weight_decay, True, tolerance=tolerance
   )
-  _checks.check_gate_can_open('gns_default', 'tolerance', tolerance, max_draws)
+  _checks.check_gate_can_open('gns_default', max_draws, tolerance=tolerance)
   gate = gates.noise_ratio_below(constant_with_inverse_warmup(tolerance, warmup))
   return _accumulating_recipe(optimizer, gate, hyperparams, optimizer_kwargs, engine)
 
@@ -1044,6 +1044,8 @@ def mht_with_warmup_schedule(
       decay=decay,
   )
   _checks.check_unit_interval('confidence', confidence)
+  if not _checks.is_zero(confidence):  # at confidence 0 the interval is empty: it opens
+    _checks.check_gate_can_open('mht_with_warmup_schedule', max_draws, percent_error=percent_error)
   gate = gates.loss_interval(
       cosine_with_warmup(confidence, confidence, warmup, total),
       cosine_with_warmup(percent_error, percent_error, warmup, total),

@@ -96,6 +96,67 @@ AT_CONSTRUCTION = {
         'tolerance=0 with max_draws=None',
         r'Give tolerance > 0',
     ),
+    'gnts threshold 0 as an array with no max_draws': (
+        lambda: optax_gqc.gnts(sgd(), threshold=jnp.array(0.0), max_draws=None),
+        ValueError,
+        'threshold=0 with max_draws=None',
+        r'Give threshold > 0',
+    ),
+    'gnts threshold that float32 rounds to 0 with no max_draws': (
+        lambda: optax_gqc.gnts(sgd(), threshold=1e-50, max_draws=None),
+        ValueError,
+        r'threshold=1e-50 \(0 in float32\) with max_draws=None',
+        r'Give threshold > 0',
+    ),
+    'gnts threshold and eta 0 with no max_draws': (
+        lambda: optax_gqc.gnts(sgd(), threshold=0.0, eta=0.0, max_draws=None),
+        ValueError,
+        'threshold=0 and eta=0 with max_draws=None',
+        r'Give threshold or eta > 0',
+    ),
+    'norm test eta 0 with no max_draws': (
+        lambda: optax_gqc.norm_test_accumulation(sgd(), 0.0, max_draws=None),
+        ValueError,
+        'eta=0 with max_draws=None',
+        r'Give eta > 0',
+    ),
+    'mht percent_error 0 with no max_draws': (
+        lambda: optax_gqc.mht(sgd(), 0.9, 0.0, max_draws=None),
+        ValueError,
+        'percent_error=0 with max_draws=None',
+        r'Give percent_error > 0',
+    ),
+    'mht recipe percent_error 0 with no max_draws': (
+        lambda: optax_gqc.mht_with_warmup_schedule(1e-3, 0.9, 0.0, 300, 30, max_draws=None),
+        ValueError,
+        'percent_error=0 with max_draws=None',
+        r'Give percent_error > 0',
+    ),
+    # constants that float32, which the gates compute in, takes out of their domain
+    'mht confidence that float32 rounds to 1': (
+        lambda: optax_gqc.mht(sgd(), 1 - 1e-9, 0.1),
+        ValueError,
+        r'confidence must be in \[0, 1\), got 0.999999999 \(1.0 in float32\)',
+        r'in float32',
+    ),
+    'noise_decay that float32 rounds to 1': (
+        lambda: optax_gqc.accumulate(sgd(), gates.norm_below(0.1), noise_decay=1 - 1e-9),
+        ValueError,
+        r'noise_decay must be in \[0, 1\)',
+        r'\(1.0 in float32\)',
+    ),
+    'critical fraction that float32 rounds to 0': (
+        lambda: optax_gqc.gnts(sgd(), fraction=1e-50),
+        ValueError,
+        'fraction must be > 0',
+        r'\(0.0 in float32\)',
+    ),
+    'gnr target that float32 rounds to inf': (
+        lambda: optax_gqc.gnr(sgd(), 1e39),
+        ValueError,
+        'target must be finite',
+        r'\(inf in float32\)',
+    ),
     # inner and gate
     'optimizer factory as inner': (
         lambda: optax_gqc.gnts(optax.adamw, 0.5),
@@ -985,6 +1046,23 @@ def test_misuse_raises_naming_the_argument_and_the_fix(case):
   message = str(info.value)
   assert re.search(argument, message), message
   assert re.search(fix, message), message
+
+
+@pytest.mark.parametrize(
+    'make',
+    [
+        lambda: optax_gqc.gnts(sgd(), threshold=0.0, eta=0.5, max_draws=None),  # eta opens it
+        lambda: optax_gqc.mht(sgd(), 0.0, 0.0, max_draws=None),  # an empty interval: it opens
+    ],
+)
+def test_a_bound_of_0_beside_one_that_opens_the_gate_is_accepted_and_steps(make):
+  tx = make()
+  params = {'w': jnp.zeros(2)}
+  state = tx.init(params)
+  for i in range(6):
+    g = {'w': jnp.array([1.0, 1.0 + 0.1 * (i % 2)])}
+    _, state = jax.jit(tx.update)(g, state, params, value=1.0 + 0.1 * i)
+  assert int(state.num_steps) >= 1
 
 
 # ---------------------------------------------------------------------------
