@@ -140,7 +140,10 @@ def schedule_by_microbatch(
     check_state(state)
     values = {}
     for name, schedule in schedules.items():
-      found = optax.tree.get_all_with_path(state.inner_state, name)
+      found = [  # a Python number written with optax.tree.set: overwritten below
+          (path, jnp.asarray(value, jnp.float32) if isinstance(value, float | int) else value)
+          for path, value in optax.tree.get_all_with_path(state.inner_state, name)
+      ]
       if not found:
         own = jax.eval_shape(tx.init, state.accumulator)
         if jax.tree.structure(state) != jax.tree.structure(own):

@@ -588,3 +588,17 @@ def test_torch_gqc_names_of_the_arguments_name_their_ports(name):
   # Before the missing count: torch-gqc's count names reach no argument of the port.
   with pytest.raises(TypeError, match='its port here is total_microbatches'):
     make(*args, num_training_steps=20, warmup_microbatches=4, **kwargs)
+
+
+@pytest.mark.parametrize('written', [0.5, 1, jnp.float32(0.5)])
+def test_a_scheduled_hyperparameter_written_as_a_python_number_is_overwritten(written):
+  # docs/checkpointing.md: optax.tree.set(opt_state, weight_decay=0.5); a Python
+  # number has no dtype, and was taken for an injected schedule's state.
+  params, zero = {'w': jnp.ones(2)}, {'w': jnp.zeros(2)}
+  tx = optax_gqc.gnts_with_cosine_schedule_conventional_lr(
+      0.1, 100, 0, max_draws=1, weight_decay=0.0, initial_threshold=0.0, final_threshold=0.0
+  )
+  state = optax.tree.set(tx.init(params), weight_decay=written)
+  updates, state = tx.update(zero, state, params)  # eager: the Python number reaches the check
+  np.testing.assert_array_equal(updates['w'], 0.0)  # the recipe's weight decay, 0, not 0.5
+  assert optax.tree.get(state, 'weight_decay').dtype == jnp.float32
