@@ -163,6 +163,27 @@ def _accumulator_dtype(requested: Any, param: Any) -> Any:
   return dtype
 
 
+def _check_accumulator_dtypes(accumulator: Any, params: Any, requested: Any) -> None:
+  """Raises at trace time if the state's accumulator is not in the dtypes init would give it.
+
+  A state restored as a plain pytree keeps the dtypes it was saved with: a
+  bfloat16 accumulator would silently round every later sum. Params of
+  another tree (``optax.lookahead``'s), or none, are not checked.
+  """
+  if params is None or jax.tree.structure(params) != jax.tree.structure(accumulator):
+    return
+  paths = jax.tree_util.tree_leaves_with_path(accumulator)
+  for (path, acc), p in zip(paths, jax.tree.leaves(params), strict=True):
+    want = jnp.dtype(_accumulator_dtype(requested, p))
+    if acc.dtype != want:
+      raise ValueError(
+          f"accumulate: the state's accumulator {jax.tree_util.keystr(path)} is {acc.dtype}, but "
+          f'this accumulation keeps {want} (accumulator_dtype={requested}): the state was made '
+          'with other arguments. Build the optimizer with the arguments it was saved with, or '
+          'restore onto jax.eval_shape(tx.init, params), which casts'
+      )
+
+
 def accumulate(
     inner: optax.GradientTransformation,
     gate: Gate,
@@ -354,6 +375,7 @@ def accumulate(
     check_state(state, gate, inner, updates if params is None else params)
     _checks.check_params_like_init(params, state.accumulator)
     _checks.check_like_params(updates, state.accumulator)
+    _check_accumulator_dtypes(state.accumulator, params, accumulator_dtype)
     grad_sq = _checks.global_sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
     accumulator = _add(state.accumulator, updates, ok, fresh=state.num_draws == 0)

@@ -345,3 +345,20 @@ def test_optax_gqc_does_not_import_orbax():
   # orbax-checkpoint is an optional extra: the library must not need it.
   code = 'import sys, optax_gqc; print("orbax" in " ".join(sys.modules))'
   assert processes.run_code(code, num_devices=1, timeout=120).strip() == 'False'
+
+
+def test_a_state_restored_as_a_plain_pytree_in_other_accumulator_dtypes_is_refused():
+  # flax.serialization.from_bytes (or np.savez) keeps the saved dtypes: a
+  # bfloat16 accumulator in a float32 accumulation would round every sum.
+  params = {'w': jnp.zeros(3)}
+  grads = {'w': jnp.full(3, 1 / 3)}
+  bf16 = optax_gqc.sbc(optax.sgd(1.0), 4, 1, accumulator_dtype=jnp.bfloat16)
+  f32 = optax_gqc.sbc(optax.sgd(1.0), 4, 1)
+  for saved_by, restored_by, dtypes in ((bf16, f32, 'bfloat16, but'), (f32, bf16, 'float32, but')):
+    state = jax.tree.map(np.asarray, saved_by.init(params))  # as plain arrays from disk
+    with pytest.raises(ValueError, match=f"accumulator \\['w'\\] is {dtypes} this accumulation"):
+      jax.jit(restored_by.update)(grads, state, params)
+    with pytest.raises(ValueError, match='restore onto jax.eval_shape'):
+      optax_gqc.update_and_apply(restored_by, grads, state, params)
+  updates, _ = jax.jit(f32.update)(grads, f32.init(params), params)  # its own state: no error
+  np.testing.assert_array_equal(updates['w'], 0.0)
