@@ -82,6 +82,7 @@ def lr_schedule(peak: Any, count: int, warmup: float = 0.05, final: float = 0.1)
   ``peak`` may be traced.
   """
   _checks.check_positive_int('count', count)
+  _checks.check_positive('peak', peak, finite=True)  # a traced one passes
   _check_fractions(warmup, final)
   shape = optax.warmup_cosine_decay_schedule(
       0.0, 1.0, max(int(warmup * count), 1), max(count, 2), end_value=final
@@ -91,8 +92,7 @@ def lr_schedule(peak: Any, count: int, warmup: float = 0.05, final: float = 0.1)
 
 def fixed_batch(k: Any) -> Arm:
   """The frontier's arm: a step on the mean of every ``k`` microbatches (``k`` may be traced)."""
-  if not isinstance(k, jax.core.Tracer | jax.Array):
-    _checks.check_positive_int('k', k)
+  _checks.check_positive_int('k', k)  # a traced one passes
   return lambda inner: accumulate(
       inner, gates.from_function(lambda s: s.num_draws >= k), max_draws=None
   )
@@ -255,7 +255,8 @@ _RESERVED = ('fixed', 'frontier')  # the fixed runs' arm, and on_result's fronti
 
 
 def _check_fractions(warmup: float, final: float, final_name: str = 'final') -> None:
-  if not (0 <= warmup < 1 and 0 <= final < math.inf):
+  numbers = all(_checks.is_number(x) and np.ndim(x) == 0 for x in (warmup, final))
+  if not (numbers and 0 <= warmup < 1 and 0 <= final < math.inf):
     raise ValueError(
         f'warmup must be in [0, 1) and {final_name} finite and >= 0 (fractions of the peak '
         f'rate), got {warmup!r} and {final!r}'
@@ -266,8 +267,9 @@ def _check_args(learning_rates, ks, seeds, evals, count, seeded, arm_names, warm
   reserved = [name for name in arm_names if name in _RESERVED]
   if reserved:
     raise ValueError(f'arms may not be named {reserved}: the study names its own runs so')
-  as_trained = np.asarray(learning_rates, np.float32) if learning_rates else np.zeros(0)
-  if not learning_rates or not np.all((as_trained > 0) & np.isfinite(as_trained)):
+  numbers = learning_rates and all(_checks.is_number(lr) for lr in learning_rates)
+  as_trained = np.asarray(learning_rates, np.float32) if numbers else np.zeros(0)
+  if not numbers or not np.all((as_trained > 0) & np.isfinite(as_trained)):
     raise ValueError(
         f'learning_rates must be positive finite numbers (in float32, as they train), got '
         f'{learning_rates!r}'

@@ -290,6 +290,8 @@ def test_paired_interval_compiles_its_quantile_once(caplog):
         ({'evals': 60}, 'too few'),
         ({'learning_rates': (0.1, math.inf)}, 'learning_rates'),
         ({'learning_rates': (1e-50,)}, 'learning_rates'),  # 0 in float32: trained at lr 0
+        ({'learning_rates': (True,)}, 'learning_rates'),  # trained at 1.0
+        ({'final_lr': True}, 'final_lr'),  # read as 1: the rate never decays
         ({'final_lr': -0.5}, 'final_lr'),  # a negative rate at the end
         ({'warmup': 1.5}, 'warmup'),
     ],
@@ -331,6 +333,12 @@ def test_optimizer_kwargs_take_a_mask_and_refuse_a_schedule():
         (lambda: study.lr_schedule(1.0, 0), ValueError, 'count must be >= 1'),
         (lambda: study.fixed_batch(0), ValueError, 'k must be >= 1'),  # stepped every microbatch
         (lambda: study.fixed_batch(2.5), TypeError, 'k must be an integer'),  # every 3
+        (lambda: study.fixed_batch(jnp.array(0)), ValueError, 'k must be >= 1'),  # every one
+        (lambda: study.fixed_batch(jnp.array(2.5)), TypeError, 'k must be an integer'),
+        (lambda: study.lr_schedule(float('nan'), 100), ValueError, 'peak must be finite'),
+        (lambda: study.lr_schedule(-1.0, 100), ValueError, 'peak must be finite and > 0'),
+        (lambda: study.lr_schedule(True, 100), TypeError, 'peak must be a number, got bool'),
+        (lambda: study.lr_schedule(1.0, 100, final=True), ValueError, 'final finite and >= 0'),
         (
             lambda: study.frontier_loss_at([(0, 2.0), (10, 1.0)], 5),
             ValueError,
