@@ -295,6 +295,30 @@ def test_load_into_refuses_a_cast_that_loses_more_than_rounding():
 
 
 @needs_torch
+@pytest.mark.parametrize('accumulate', [False, True])
+def test_set_grads_refuses_a_cast_that_loses_more_than_rounding(accumulate):
+  model = torch.nn.Linear(2, 1).to(torch.float16)
+  with pytest.raises(OverflowError, match=r"set_grads: 'bias' holds finite values beyond"):
+    tshim.set_grads(
+        model, {'weight': jnp.ones((1, 2)), 'bias': jnp.full(1, 1e6)}, accumulate=accumulate
+    )
+  assert model.weight.grad is None  # nothing set before the refusal
+  with pytest.raises(TypeError, match=r"set_grads: 'bias' is complex .* \(jnp.real\)"):
+    zero = jnp.zeros(1, jnp.complex64)
+    tshim.set_grads(model, {'weight': jnp.ones((1, 2)), 'bias': zero}, accumulate=accumulate)
+  assert model.weight.grad is None
+
+
+@needs_torch
+def test_set_grads_takes_accumulate_as_a_bool_alone():
+  p = {'w': torch.nn.Parameter(torch.ones(2))}
+  tshim.set_grads(p, {'w': jnp.ones(2)})
+  with pytest.raises(TypeError, match="accumulate must be True or False, got str 'False'"):
+    tshim.set_grads(p, {'w': jnp.ones(2)}, accumulate='False')  # truthy: it added
+  assert torch.equal(p['w'].grad, torch.ones(2))
+
+
+@needs_torch
 def test_load_into_and_set_grads_check_names_and_shapes():
   model = _model(torch.float32)
   tree = tshim.params_to_jax(model)

@@ -505,8 +505,11 @@ def test_a_leaf_waiting_for_a_finite_gradient_moves_nothing_and_keeps_no_nan():
   assert alone['w'].tolist() == [0.0, 0.0]  # waits, and gives zeros
 
 
-@pytest.mark.parametrize('mask', ['bias', '', 1, 0, 0.0, True, np.float32(1.0)])
-def test_a_mask_that_is_a_string_or_a_number_raises(mask):
+@pytest.mark.parametrize(
+    'mask',
+    ['bias', '', 1, 0, 0.0, True, np.float32(1.0), jnp.array([0.0]), np.array([True, False])],
+)
+def test_a_mask_that_is_a_string_a_number_or_an_array_raises(mask):
   # Each was a one-leaf mask for the whole tree: every leaf decayed, or none did.
   with pytest.raises(TypeError, match='mask must be a tree of bools'):
     sgd_sai(0.1, weight_decay=0.5, mask=mask)

@@ -71,6 +71,25 @@ def test_first_divergence_compares_infinities_exactly(torch_w, optax_w, where):
   assert (d if d is None else (d.torch_value, d.optax_value)) == where
 
 
+@pytest.mark.parametrize(
+    'kwargs, error, match',
+    [
+        ({'atol': True}, TypeError, 'atol must be a number, got bool'),  # read as 1.0
+        ({'rtol': np.inf}, ValueError, 'rtol must be a finite number >= 0'),  # all agree
+        ({'rtol': -1e-5}, ValueError, 'rtol must be a finite number >= 0'),
+        ({'rtol': '1e-5'}, TypeError, 'rtol must be a number, got str'),
+        ({'compare_params': 'no'}, TypeError, 'compare_params must be True or False'),
+    ],
+)
+def test_first_divergence_refuses_tolerances_that_would_agree_on_anything(kwargs, error, match):
+  record = torch_replay.Record(
+      0, None, True, True, {'w': np.array([0.95])}, {'w': np.array([0.75])}, {}, {}, {}, {}
+  )
+  assert torch_replay.first_divergence([record]) is not None
+  with pytest.raises(error, match=match):
+    torch_replay.first_divergence([record], **kwargs)
+
+
 def test_first_divergence_scales_the_scalar_tolerance_by_the_torch_value():
   def record(torch_value, optax_value):
     n = 'num_draws'

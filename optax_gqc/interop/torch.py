@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from optax_gqc import _checks
+
 __all__ = [
     'grads_to_jax',
     'load_into',
@@ -400,17 +402,20 @@ def load_into(module: _TensorSource, tree: Mapping[str, Any]) -> None:
           f'load_into: {name!r} has shape {tuple(source.shape)}, the parameter '
           f'{tuple(params[name].shape)}'
       )
-  sources = [_narrowed(name, s, params[name].dtype) for name, s in zip(tree, sources, strict=True)]
+  sources = [
+      _narrowed('load_into', name, s, params[name].dtype)
+      for name, s in zip(tree, sources, strict=True)
+  ]
   with torch.no_grad():
     for name, source in zip(tree, sources, strict=True):
       params[name].copy_(source)
 
 
-def _narrowed(name: str, source: Any, dtype: Any) -> Any:
+def _narrowed(who: str, name: str, source: Any, dtype: Any) -> Any:
   """``source`` cast to ``dtype``, raising where the cast would lose what is not rounding."""
   if source.is_complex() and not dtype.is_complex:
     raise TypeError(
-        f'load_into: {name!r} is complex and the parameter {dtype}: the imaginary part would be '
+        f'{who}: {name!r} is complex and the parameter {dtype}: the imaginary part would be '
         'dropped. Pass the real part (jnp.real) if that is meant'
     )
   if not (source.is_floating_point() and dtype.is_floating_point):
@@ -420,9 +425,9 @@ def _narrowed(name: str, source: Any, dtype: Any) -> Any:
   cast = source.to(dtype)
   if bool((torch.isfinite(source) & ~torch.isfinite(cast)).any()):
     raise OverflowError(
-        f'load_into: {name!r} holds finite values beyond the largest {dtype} '
+        f'{who}: {name!r} holds finite values beyond the largest {dtype} '
         f'({torch.finfo(dtype).max:.5g}): they would become inf in the parameter. Scale them '
-        'first, or load into a parameter of a wider dtype'
+        'first, or use a parameter of a wider dtype'
     )
   return cast
 
@@ -450,6 +455,10 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
     KeyError: if the names differ from the module's.
     ValueError: if a shape differs, if two names hold one tensor (tied
       weights), or if no tensor requires grad (a ``state_dict()``'s, say).
+    TypeError: if a complex array is given for a real parameter, or
+      ``accumulate`` is not a bool.
+    OverflowError: if finite values would become inf in the parameter's
+      dtype (float32 values beyond float16's 65504).
 
   Example:
     >>> import jax.numpy as jnp, torch
@@ -460,6 +469,7 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
     >>> p['w'].grad
     tensor([2., 2.])
   """
+  _checks.check_bool('accumulate', accumulate)  # 'False' would add
   params = _named_tensors(module)
   _check_same_names('set_grads', params, grads)
   _check_named_once('set_grads', params)
@@ -474,11 +484,11 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
       strict=True,
   ):
     target = params[name]
-    g = g.to(device=target.device, dtype=target.dtype)
     if tuple(g.shape) != tuple(target.shape):
       raise ValueError(
           f'set_grads: {name!r} has shape {tuple(g.shape)}, the parameter {tuple(target.shape)}'
       )
+    g = _narrowed('set_grads', name, g, target.dtype).to(device=target.device, dtype=target.dtype)
     if target.requires_grad:
       tensors.append(target)
       values.append(g)

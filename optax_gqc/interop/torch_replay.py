@@ -9,6 +9,7 @@ and why.
 Needs PyTorch: ``pip install "optax-gqc[torch]"``.
 """
 
+import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from optax_gqc import _checks
 from optax_gqc._accumulation import with_extra_args
 from optax_gqc._statistics import statistics
 from optax_gqc.interop.torch import _check_same_names, set_grads, to_jax, to_torch
@@ -371,6 +373,11 @@ def first_divergence(
     A :class:`Divergence` (its ``str`` says where and what), or None when
     the sides agree throughout.
   """
+  for name, tol in (('rtol', rtol), ('atol', atol)):  # True would be 1; inf agrees with all
+    v = _checks.concrete_float(name, tol)
+    if v is None or not 0 <= v < math.inf:
+      raise ValueError(f'{name} must be a finite number >= 0, got {tol!r}')
+  _checks.check_bool('compare_params', compare_params)
   stat_names = DEFAULT_STAT_NAMES if stat_names is None else stat_names
   hyperparam_names = DEFAULT_HYPERPARAM_NAMES if hyperparam_names is None else hyperparam_names
   for r in records:
