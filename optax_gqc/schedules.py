@@ -13,9 +13,11 @@ value :math:`A` at step :math:`M`, and :math:`p = \mathrm{clip}((t - L) / (M - L
 Difference from torch-schedule-anything: it does not clamp :math:`p`, so past
 :math:`M` its cosine turns back and its factors can turn negative (a weight
 decay that pushes weights away from zero). Ours hold :math:`A` from :math:`M`
-on, and agree with it on :math:`[0, M]`.
+on, and agree with it on :math:`[0, M]`. Where :math:`M \le L`, both take
+:math:`p = 1` after the warmup: the value goes from the warmup's end straight
+to :math:`A`.
 
-This module is a leaf: it imports nothing else of optax_gqc.
+This module imports nothing else of optax_gqc but its checks.
 """
 
 import math
