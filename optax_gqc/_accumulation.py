@@ -184,6 +184,31 @@ def _check_accumulator_dtypes(accumulator: Any, params: Any, requested: Any) -> 
       )
 
 
+def _check_scale_by_draws(scale_by_draws: Any) -> None:
+  """Raises unless ``scale_by_draws`` maps an int32 scalar ``n`` to a real scalar (traced once)."""
+  fix = 'pass a function of n such as jnp.sqrt'
+  if not callable(scale_by_draws):
+    raise TypeError(f'scale_by_draws must be a function of n, got {scale_by_draws!r}: {fix}')
+  try:
+    out = jax.eval_shape(scale_by_draws, jax.ShapeDtypeStruct((), jnp.int32))
+  except Exception as e:  # noqa: BLE001 -- it fails the same way in the step
+    raise TypeError(
+        f'scale_by_draws must be a function of n, an int32 scalar, but calling it on one '
+        f'raised {type(e).__name__}: {e}: {fix}'
+    ) from e
+  if not (
+      isinstance(out, jax.ShapeDtypeStruct)
+      and out.shape == ()
+      and jnp.issubdtype(out.dtype, jnp.number)
+      and not jnp.issubdtype(out.dtype, jnp.complexfloating)
+  ):
+    got = f'shape {out.shape} of {out.dtype}' if isinstance(out, jax.ShapeDtypeStruct) else out
+    raise ValueError(
+        f'scale_by_draws must return a real scalar, a factor for the whole step, but it '
+        f'returned {got}: {fix}'
+    )
+
+
 def accumulate(
     inner: optax.GradientTransformation,
     gate: Gate,
@@ -323,10 +348,8 @@ def accumulate(
         'scale_by_draws must be a function of n, got an array: '
         + _checks.INJECTED_FUNCTION.format(name='scale_by_draws')
     )
-  if scale_by_draws is not None and not callable(scale_by_draws):
-    raise TypeError(
-        f'scale_by_draws must be a function of n, got {scale_by_draws!r}: pass e.g. jnp.sqrt'
-    )
+  if scale_by_draws is not None:
+    _check_scale_by_draws(scale_by_draws)
   inner = with_extra_args(inner)
 
   def init_fn(params):
@@ -489,11 +512,6 @@ def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, appl
     stepped = kept_cond(jnp.asarray(True))
     if scale_by_draws is not None:
       scale = scale_by_draws(n)
-      if jnp.ndim(scale) != 0:
-        raise ValueError(
-            f'scale_by_draws must return a scalar, a factor for the whole step, but it returned '
-            f'an array of shape {jnp.shape(scale)}: pass a function of n such as jnp.sqrt'
-        )
       new_updates = jax.tree.map(lambda u: (u * scale).astype(u.dtype), new_updates)
     if apply:
       # n < 0 is a zero the compiler cannot see: see _numerics.rounded.

@@ -14,6 +14,7 @@ step (counted in ``num_forced``), and the gate counts the microbatch in
 ``num_bad_hyperparams``. A constant out of its domain raises at construction.
 """
 
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -754,11 +755,15 @@ def from_function(rule: Callable[[DrawStats], jax.Array]) -> Gate:
     >>> import optax_gqc
     >>> at_least_4 = optax_gqc.gates.from_function(lambda s: s.num_draws >= 4)
   """
+  fix = 'pass a function of DrawStats, e.g. lambda s: s.num_draws >= 4'
   if not callable(rule):
-    raise TypeError(
-        f'rule must be callable, got {type(rule).__name__}: pass a function of DrawStats, '
-        'e.g. lambda s: s.num_draws >= 4'
-    )
+    raise TypeError(f'rule must be callable, got {type(rule).__name__}: {fix}')
+  try:
+    inspect.signature(rule).bind(None)
+  except ValueError:  # no signature to read (some builtins): the first trace will tell
+    pass
+  except TypeError as e:
+    raise TypeError(f'rule must take one argument, the DrawStats: {e}: {fix}') from e
 
   def update(stats, state, **extra_args):
     del extra_args

@@ -345,6 +345,30 @@ AT_CONSTRUCTION = {
         'scale_by_draws',
         'jnp.sqrt',
     ),
+    'scale_by_draws returning an array': (
+        lambda: optax_gqc.sbc(sgd(), 2, 1, scale_by_draws=lambda n: jnp.stack([n, n])),
+        ValueError,
+        'scale_by_draws',
+        r'must return a real scalar.*shape \(2,\)',
+    ),
+    'from_function rule of two arguments': (
+        lambda: gates.from_function(lambda stats, state: stats.num_draws >= 2),
+        TypeError,
+        'rule must take one argument, the DrawStats',
+        r'lambda s: s.num_draws >= 4',
+    ),
+    'scale_by_draws of two arguments': (
+        lambda: optax_gqc.sbc(sgd(), 2, 1, scale_by_draws=lambda n, m: n),
+        TypeError,
+        r'scale_by_draws must be a function of n.*missing 1 required positional argument',
+        'jnp.sqrt',
+    ),
+    'scale_by_draws returning a string': (
+        lambda: optax_gqc.sbc(sgd(), 2, 1, scale_by_draws=lambda n: 'sqrt'),
+        TypeError,
+        r'scale_by_draws must be a function of n.*not a valid JAX type',
+        'jnp.sqrt',
+    ),
     # gate hyperparameters
     'threshold as a string': (
         lambda: optax_gqc.gnts(sgd(), '0.5'),
@@ -746,14 +770,6 @@ AT_FIRST_TRACE = {
         TypeError,
         'concrete microbatch_size',
         r"static_args=\('microbatch_size',\)",
-    ),
-    'scale_by_draws returning an array': (
-        lambda: first_update(
-            optax_gqc.sbc(sgd(), 2, 1, scale_by_draws=lambda n: jnp.stack([n, n]))
-        ),
-        ValueError,
-        'scale_by_draws',
-        r'must return a scalar.*shape \(2,\)',
     ),
     'state of the inner optimizer': (
         lambda: first_update(optax_gqc.gnts(sgd(), 0.5), state=sgd().init(PARAMS)),
