@@ -17,7 +17,8 @@ CPU seconds per compile: run it under ``perf record -F 999 -g`` and read
 writes a float32 accumulator of the MLP's leaves, then the same step with the
 gradient's squared norm, then with the new sum's too, then with both norms
 as a dot product of each flattened leaf with itself, then as one sum over all
-the leaves' squares concatenated, and prints the median compile time and the
+the leaves' squares concatenated, then with each leaf's two sums out of one
+variadic reduction, and prints the median compile time and the
 fusions of each. ``modules`` counts the LLVM
 modules XLA emits for a candidate's step (its dump's optimized ``.ll`` files)
 beside its fusions: fusions that compute the same thing share one. ``scalars``
@@ -89,6 +90,10 @@ VARIANTS = {
         concat_sq_norm(g),
         concat_sq_norm(new),
     ),
+    'both in one reduction per leaf': lambda acc, g, fresh: (
+        (new := write(acc, g, fresh)),
+        *paired_sq_norms(g, new),
+    ),
 }
 
 
@@ -102,6 +107,19 @@ def dot_sq_norm(tree):
 def concat_sq_norm(tree):
   """The squared norm as one sum over the squares of every leaf, flattened and concatenated."""
   return jnp.sum(jnp.concatenate([jnp.square(x.reshape(-1)) for x in jax.tree.leaves(tree)]))
+
+
+def paired_sq_norms(a_tree, b_tree):
+  """Both squared norms, each leaf's pair of sums out of one variadic reduction."""
+
+  def pair(a, b):
+    a, b = jnp.square(a.astype(jnp.float32)), jnp.square(b.astype(jnp.float32))
+    zero = jnp.zeros([], jnp.float32)
+    add = lambda x, y: (x[0] + y[0], x[1] + y[1])  # noqa: E731
+    return jax.lax.reduce((a, b), (zero, zero), add, tuple(range(a.ndim)))
+
+  sums = [pair(a, b) for a, b in zip(jax.tree.leaves(a_tree), jax.tree.leaves(b_tree), strict=True)]
+  return tuple(jnp.sum(jnp.abs(jnp.stack([s[i] for s in sums]))) for i in (0, 1))
 
 
 def norms(leaves: list[int], rounds: int) -> None:
