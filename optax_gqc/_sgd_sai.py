@@ -325,7 +325,10 @@ def sgd_sai(
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`; it needs ``params`` in
-    ``update``. Works under :func:`optax.inject_hyperparams` and ``jax.jit``.
+    ``update``. Works under :func:`optax.inject_hyperparams` and ``jax.jit``;
+    injected values are not checked, as Optax's own optimizers do not check
+    theirs (a momentum above 1, or a NaN learning rate, diverges), and no
+    counter records them.
 
   Example:
     >>> import jax, jax.numpy as jnp, optax, optax_gqc
