@@ -7,11 +7,13 @@ that mean. The whole decision is one ``jax.lax.cond`` on device.
 """
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from optax_gqc import _checks, _noise_scale
@@ -163,50 +165,57 @@ def _accumulator_dtype(requested: Any, param: Any) -> Any:
   return dtype
 
 
-def _check_accumulator_dtypes(accumulator: Any, params: Any, requested: Any) -> None:
-  """Raises at trace time if the state's accumulator is not in the dtypes init would give it.
+def _check_accumulator_dtypes(accumulator: Any, requested: Any) -> None:
+  """Raises at trace time if the state's accumulator is narrower than this accumulation keeps.
 
   A state restored as a plain pytree keeps the dtypes it was saved with: a
-  bfloat16 accumulator would silently round every later sum. Params of
-  another tree (``optax.lookahead``'s), or none, are not checked.
+  bfloat16 accumulator in an accumulation that keeps float32 (or wider, the
+  default) would silently round every later sum. A wider one only costs memory.
   """
-  if params is None or jax.tree.structure(params) != jax.tree.structure(accumulator):
-    return
-  paths = jax.tree_util.tree_leaves_with_path(accumulator)
-  for (path, acc), p in zip(paths, jax.tree.leaves(params), strict=True):
-    want = jnp.dtype(_accumulator_dtype(requested, p))
-    if acc.dtype != want:
+  least = jnp.float32 if requested is None else requested
+  for path, acc in jax.tree_util.tree_leaves_with_path(accumulator):
+    if jnp.promote_types(acc.dtype, least) != acc.dtype:
       raise ValueError(
-          f"accumulate: the state's accumulator {jax.tree_util.keystr(path)} is {acc.dtype}, but "
-          f'this accumulation keeps {want} (accumulator_dtype={requested}): the state was made '
-          'with other arguments. Build the optimizer with the arguments it was saved with, or '
-          'restore onto jax.eval_shape(tx.init, params), which casts'
+          f"accumulate: the state's accumulator {jax.tree_util.keystr(path)} is {acc.dtype}, "
+          f'narrower than the {jnp.dtype(least)} of this accumulation '
+          f'(accumulator_dtype={requested}): the state was made with other arguments. Build the '
+          'optimizer with the arguments it was saved with, or cast the restored state to its '
+          'own dtypes: jax.tree.map(lambda x, t: jnp.asarray(x, t.dtype), state, '
+          'jax.eval_shape(tx.init, params))'
       )
 
 
 def _check_scale_by_draws(scale_by_draws: Any) -> None:
-  """Raises unless ``scale_by_draws`` maps an int32 scalar ``n`` to a real scalar (traced once)."""
+  """Raises unless ``scale_by_draws`` is a function of one argument, ``n``.
+
+  What it returns is checked where it is traced, in the step: it may read a
+  mapped axis (``jax.lax.psum``) that only the step is traced under.
+  """
   fix = 'pass a function of n such as jnp.sqrt'
   if not callable(scale_by_draws):
     raise TypeError(f'scale_by_draws must be a function of n, got {scale_by_draws!r}: {fix}')
   try:
-    out = jax.eval_shape(scale_by_draws, jax.ShapeDtypeStruct((), jnp.int32))
-  except Exception as e:  # noqa: BLE001 -- it fails the same way in the step
-    raise TypeError(
-        f'scale_by_draws must be a function of n, an int32 scalar, but calling it on one '
-        f'raised {type(e).__name__}: {e}: {fix}'
-    ) from e
-  if not (
-      isinstance(out, jax.ShapeDtypeStruct)
-      and out.shape == ()
-      and jnp.issubdtype(out.dtype, jnp.number)
-      and not jnp.issubdtype(out.dtype, jnp.complexfloating)
-  ):
-    got = f'shape {out.shape} of {out.dtype}' if isinstance(out, jax.ShapeDtypeStruct) else out
+    inspect.signature(scale_by_draws).bind(None)
+  except ValueError:  # no signature to read (some builtins): the step's trace will tell
+    pass
+  except TypeError as e:
+    raise TypeError(f'scale_by_draws must take one argument, n: {e}: {fix}') from e
+
+
+def _scale(scale_by_draws: Any, n: jax.Array) -> jax.Array:
+  """``scale_by_draws(n)``, raising at trace time unless it is a real scalar."""
+  scale = scale_by_draws(n)
+  if not _checks.is_number(scale) or np.iscomplexobj(scale) or jnp.ndim(scale) != 0:
+    got = (
+        f'an array of shape {jnp.shape(scale)} of {jnp.result_type(scale)}'
+        if hasattr(scale, 'shape')
+        else f'{type(scale).__name__} {scale!r}'
+    )
     raise ValueError(
         f'scale_by_draws must return a real scalar, a factor for the whole step, but it '
-        f'returned {got}: {fix}'
+        f'returned {got}: pass a function of n such as jnp.sqrt'
     )
+  return scale
 
 
 def accumulate(
@@ -398,7 +407,7 @@ def accumulate(
     check_state(state, gate, inner, updates if params is None else params)
     _checks.check_params_like_init(params, state.accumulator)
     _checks.check_like_params(updates, state.accumulator)
-    _check_accumulator_dtypes(state.accumulator, params, accumulator_dtype)
+    _check_accumulator_dtypes(state.accumulator, accumulator_dtype)
     grad_sq = _checks.global_sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
     accumulator = _add(state.accumulator, updates, ok, fresh=state.num_draws == 0)
@@ -511,7 +520,7 @@ def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, appl
     # Without it, XLA:GPU turns the cond into selects and steps on every microbatch.
     stepped = kept_cond(jnp.asarray(True))
     if scale_by_draws is not None:
-      scale = scale_by_draws(n)
+      scale = _scale(scale_by_draws, n)
       new_updates = jax.tree.map(lambda u: (u * scale).astype(u.dtype), new_updates)
     if apply:
       # n < 0 is a zero the compiler cannot see: see _numerics.rounded.

@@ -242,8 +242,12 @@ def check_draws_reach_batch(
 
 
 def is_zero(value: Any) -> bool:
-  """Whether ``value`` is a concrete real scalar that float32, the gates' precision, rounds to 0."""
-  if isinstance(value, jax.core.Tracer) or not is_number(value) or np.ndim(value) != 0:
+  """Whether ``value``, a Python or NumPy number, is 0 in float32 (the gates' precision).
+
+  A JAX array is left out: ``optax.inject_hyperparams`` builds the
+  transformation at ``init`` from a schedule's first value, which may be 0.
+  """
+  if isinstance(value, jax.Array) or not is_number(value) or np.ndim(value) != 0:
     return False
   return np.float32(value) == 0
 
@@ -252,8 +256,8 @@ def check_gate_can_open(who: str, max_draws: Any, **bounds: Any) -> None:
   """Raises if bounds of 0 with no ``max_draws`` would keep the gate closed for good.
 
   Such a gate opens on a mean gradient (or a spread) of exactly 0 alone. It
-  opens otherwise if any of ``bounds`` (numbers, concrete arrays or schedules)
-  is above 0; one that float32 rounds to 0 (``1e-50``) counts as 0.
+  opens otherwise if any of ``bounds`` is above 0, a schedule or a JAX array;
+  a number that float32 rounds to 0 (``1e-50``) counts as 0.
   """
   if max_draws is not None or not all(is_zero(v) for v in bounds.values()):
     return

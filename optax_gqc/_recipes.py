@@ -140,10 +140,11 @@ def schedule_by_microbatch(
     check_state(state)
     values = {}
     for name, schedule in schedules.items():
-      found = [  # a Python number written with optax.tree.set: overwritten below
-          (path, jnp.asarray(value, jnp.float32) if isinstance(value, float | int) else value)
-          for path, value in optax.tree.get_all_with_path(state.inner_state, name)
-      ]
+      found = optax.tree.get_all_with_path(state.inner_state, name)
+      if any(isinstance(value, float | int) for _, value in found):
+        # A Python number written with optax.tree.set, overwritten below in init's dtype.
+        own = jax.eval_shape(tx.init, state.accumulator).inner_state
+        found = optax.tree.get_all_with_path(own, name)
       if not found:
         own = jax.eval_shape(tx.init, state.accumulator)
         if jax.tree.structure(state) != jax.tree.structure(own):

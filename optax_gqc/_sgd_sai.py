@@ -360,7 +360,7 @@ def sgd_sai(
         f'got the string {mask!r}: select by a function, e.g. no decay on vectors, '
         'mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params)'
     )
-  if isinstance(mask, bool | int | float | np.number | jax.Array | np.ndarray):
+  if isinstance(mask, bool | int | float | np.generic | jax.Array | np.ndarray):
     # A number, or an array (jnp.array([0.])), would be a one-leaf mask for the
     # whole tree: all or nothing decays.
     # It is also what optax.inject_hyperparams passes for a function: its value at the step count.

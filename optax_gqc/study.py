@@ -255,11 +255,11 @@ _RESERVED = ('fixed', 'frontier')  # the fixed runs' arm, and on_result's fronti
 
 
 def _check_fractions(warmup: float, final: float, final_name: str = 'final') -> None:
-  numbers = all(_checks.is_number(x) and np.ndim(x) == 0 for x in (warmup, final))
-  if not (numbers and 0 <= warmup < 1 and 0 <= final < math.inf):
+  given = all(_checks.is_number(x) and np.ndim(x) == 0 for x in (warmup, final))  # not True
+  if not (given and 0 <= warmup < 1 and 0 <= final < math.inf):
     raise ValueError(
-        f'warmup must be in [0, 1) and {final_name} finite and >= 0 (fractions of the peak '
-        f'rate), got {warmup!r} and {final!r}'
+        f'warmup must be a number in [0, 1) and {final_name} a finite number >= 0 (fractions of '
+        f'the peak rate), got {warmup!r} and {final!r}'
     )
 
 
@@ -267,9 +267,9 @@ def _check_args(learning_rates, ks, seeds, evals, count, seeded, arm_names, warm
   reserved = [name for name in arm_names if name in _RESERVED]
   if reserved:
     raise ValueError(f'arms may not be named {reserved}: the study names its own runs so')
-  numbers = learning_rates and all(_checks.is_number(lr) for lr in learning_rates)
-  as_trained = np.asarray(learning_rates, np.float32) if numbers else np.zeros(0)
-  if not numbers or not np.all((as_trained > 0) & np.isfinite(as_trained)):
+  given = learning_rates and all(_checks.is_number(lr) for lr in learning_rates)  # not True
+  as_trained = np.asarray(learning_rates, np.float32) if given else np.zeros(0)
+  if not given or not np.all((as_trained > 0) & np.isfinite(as_trained)):
     raise ValueError(
         f'learning_rates must be positive finite numbers (in float32, as they train), got '
         f'{learning_rates!r}'

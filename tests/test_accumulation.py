@@ -815,3 +815,20 @@ def test_an_inner_optimizer_with_params_of_its_own_keeps_working():
   params = optax.LookaheadParams(fast, fast)
   updates, state = jax.jit(tx.update)({'w': jnp.ones(3)}, state, params)
   np.testing.assert_allclose(updates.fast['w'], -0.1)
+
+
+def test_scale_by_draws_may_read_the_mapped_axis():
+  # It is traced in the step, under the axis: at construction no axis is bound.
+  tx = optax_gqc.sbc(
+      optax.sgd(1.0),
+      2,
+      1,
+      axis_name='d',
+      scale_by_draws=lambda n: jnp.sqrt(n * jax.lax.psum(1, 'd')),
+  )
+  params = {'w': jnp.zeros((2, 3))}
+  state = jax.vmap(tx.init)(params)
+  update = jax.jit(jax.vmap(tx.update, axis_name='d'))
+  for _ in range(2):
+    updates, state = update({'w': jnp.ones((2, 3))}, state, params)
+  np.testing.assert_array_equal(updates['w'], -2.0)  # the mean, 1, times sqrt(2 * 2)

@@ -347,18 +347,38 @@ def test_optax_gqc_does_not_import_orbax():
   assert processes.run_code(code, num_devices=1, timeout=120).strip() == 'False'
 
 
-def test_a_state_restored_as_a_plain_pytree_in_other_accumulator_dtypes_is_refused():
+def test_a_state_restored_as_a_plain_pytree_with_a_narrower_accumulator_is_refused():
   # flax.serialization.from_bytes (or np.savez) keeps the saved dtypes: a
   # bfloat16 accumulator in a float32 accumulation would round every sum.
   params = {'w': jnp.zeros(3)}
   grads = {'w': jnp.full(3, 1 / 3)}
   bf16 = optax_gqc.sbc(optax.sgd(1.0), 4, 1, accumulator_dtype=jnp.bfloat16)
   f32 = optax_gqc.sbc(optax.sgd(1.0), 4, 1)
-  for saved_by, restored_by, dtypes in ((bf16, f32, 'bfloat16, but'), (f32, bf16, 'float32, but')):
-    state = jax.tree.map(np.asarray, saved_by.init(params))  # as plain arrays from disk
-    with pytest.raises(ValueError, match=f"accumulator \\['w'\\] is {dtypes} this accumulation"):
-      jax.jit(restored_by.update)(grads, state, params)
-    with pytest.raises(ValueError, match='restore onto jax.eval_shape'):
-      optax_gqc.update_and_apply(restored_by, grads, state, params)
-  updates, _ = jax.jit(f32.update)(grads, f32.init(params), params)  # its own state: no error
-  np.testing.assert_array_equal(updates['w'], 0.0)
+  state = jax.tree.map(np.asarray, bf16.init(params))  # as plain arrays from disk
+  refused = r"accumulator \['w'\] is bfloat16, narrower than the float32 of this accumulation"
+  for update in (
+      jax.jit(f32.update),
+      lambda g, s, p: jax.jit(f32.update)(g, s),  # no params: sgd needs none
+      lambda g, s, p: optax_gqc.update_and_apply(f32, g, s, p),
+  ):
+    with pytest.raises(ValueError, match=refused):
+      update(grads, state, params)
+  # The cast the error gives makes it the state of this accumulation.
+  cast = jax.tree.map(lambda x, t: jnp.asarray(x, t.dtype), state, jax.eval_shape(f32.init, params))
+  for _ in range(4):
+    updates, cast = jax.jit(f32.update)(grads, cast, params)
+  np.testing.assert_allclose(updates['w'], -1 / 3, rtol=1e-6)
+  # A wider accumulator than asked for is kept: it only costs memory.
+  wider = jax.tree.map(np.asarray, f32.init(params))
+  updates, wider = jax.jit(bf16.update)(grads, wider, params)
+  assert wider.accumulator['w'].dtype == jnp.float32
+
+
+def test_a_float64_accumulator_takes_float32_params_at_update():
+  with jax.enable_x64(True):
+    tx = optax_gqc.sbc(optax.sgd(1.0), 2, 1)
+    state = tx.init({'w': np.zeros(3)})  # float64 params: a float64 accumulator
+    params = {'w': jnp.zeros(3, jnp.float32)}
+    for _ in range(2):
+      updates, state = tx.update({'w': jnp.ones(3, jnp.float32)}, state, params)
+    np.testing.assert_array_equal(updates['w'], -1.0)

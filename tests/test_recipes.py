@@ -590,15 +590,28 @@ def test_torch_gqc_names_of_the_arguments_name_their_ports(name):
     make(*args, num_training_steps=20, warmup_microbatches=4, **kwargs)
 
 
+@pytest.mark.parametrize('x64', [False, True])
 @pytest.mark.parametrize('written', [0.5, 1, jnp.float32(0.5)])
-def test_a_scheduled_hyperparameter_written_as_a_python_number_is_overwritten(written):
+def test_a_scheduled_hyperparameter_written_as_a_python_number_is_overwritten(written, x64):
   # docs/checkpointing.md: optax.tree.set(opt_state, weight_decay=0.5); a Python
   # number has no dtype, and was taken for an injected schedule's state.
-  params, zero = {'w': jnp.ones(2)}, {'w': jnp.zeros(2)}
-  tx = optax_gqc.gnts_with_cosine_schedule_conventional_lr(
-      0.1, 100, 0, max_draws=1, weight_decay=0.0, initial_threshold=0.0, final_threshold=0.0
-  )
-  state = optax.tree.set(tx.init(params), weight_decay=written)
-  updates, state = tx.update(zero, state, params)  # eager: the Python number reaches the check
-  np.testing.assert_array_equal(updates['w'], 0.0)  # the recipe's weight decay, 0, not 0.5
-  assert optax.tree.get(state, 'weight_decay').dtype == jnp.float32
+  with jax.enable_x64(x64):
+    params, zero = {'w': jnp.ones(2)}, {'w': jnp.zeros(2)}
+    tx = optax_gqc.gnts_with_cosine_schedule_conventional_lr(
+        0.1, 100, 0, max_draws=1, weight_decay=0.0, initial_threshold=0.0, final_threshold=0.0
+    )
+    state = tx.init(params)
+    dtype = optax.tree.get(state, 'weight_decay').dtype
+    state = optax.tree.set(state, weight_decay=written)
+    updates, state = tx.update(zero, state, params)  # eager: the Python number reaches the check
+    np.testing.assert_array_equal(updates['w'], 0.0)  # the recipe's weight decay, 0, not 0.5
+    assert optax.tree.get(state, 'weight_decay').dtype == dtype  # init's
+    # Under x64 a plain inject_hyperparams keeps a float64 rate, as its init does.
+    inner = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3)
+    tx = optax_gqc.schedule_by_microbatch(
+        optax_gqc.sbc(inner, 2, 1), learning_rate=optax.constant_schedule(1e-3)
+    )
+    state = tx.init(params)
+    dtype = optax.tree.get(state, 'learning_rate').dtype
+    _, state = tx.update(zero, optax.tree.set(state, learning_rate=float(written)), params)
+    assert optax.tree.get(state, 'learning_rate').dtype == dtype

@@ -507,7 +507,7 @@ def test_a_leaf_waiting_for_a_finite_gradient_moves_nothing_and_keeps_no_nan():
 
 @pytest.mark.parametrize(
     'mask',
-    ['bias', '', 1, 0, 0.0, True, np.float32(1.0), jnp.array([0.0]), np.array([True, False])],
+    ['bias', '', 1, 0, 0.0, True, np.float32(1.0), np.True_, jnp.array([0.0]), np.array([True])],
 )
 def test_a_mask_that_is_a_string_a_number_or_an_array_raises(mask):
   # Each was a one-leaf mask for the whole tree: every leaf decayed, or none did.

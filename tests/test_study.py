@@ -324,11 +324,11 @@ def test_optimizer_kwargs_take_a_mask_and_refuse_a_schedule():
 @pytest.mark.parametrize(
     'make, error, match',
     [
-        (lambda: study.lr_schedule(1.0, 100, final=-0.5), ValueError, 'final finite and >= 0'),
+        (lambda: study.lr_schedule(1.0, 100, final=-0.5), ValueError, 'final a finite number >= 0'),
         (
             lambda: study.lr_schedule(1.0, 100, warmup=1.0),
             ValueError,
-            r'warmup must be in \[0, 1\)',
+            r'warmup must be a number in \[0, 1\)',
         ),
         (lambda: study.lr_schedule(1.0, 0), ValueError, 'count must be >= 1'),
         (lambda: study.fixed_batch(0), ValueError, 'k must be >= 1'),  # stepped every microbatch
@@ -338,7 +338,7 @@ def test_optimizer_kwargs_take_a_mask_and_refuse_a_schedule():
         (lambda: study.lr_schedule(float('nan'), 100), ValueError, 'peak must be finite'),
         (lambda: study.lr_schedule(-1.0, 100), ValueError, 'peak must be finite and > 0'),
         (lambda: study.lr_schedule(True, 100), TypeError, 'peak must be a number, got bool'),
-        (lambda: study.lr_schedule(1.0, 100, final=True), ValueError, 'final finite and >= 0'),
+        (lambda: study.lr_schedule(1.0, 100, final=True), ValueError, 'final a finite number >= 0'),
         (
             lambda: study.frontier_loss_at([(0, 2.0), (10, 1.0)], 5),
             ValueError,

@@ -424,10 +424,11 @@ def _narrowed(who: str, name: str, source: Any, dtype: Any) -> Any:
     return source
   cast = source.to(dtype)
   if bool((torch.isfinite(source) & ~torch.isfinite(cast)).any()):
+    into = "the parameter's .grad" if who == 'set_grads' else 'the parameter'
     raise OverflowError(
         f'{who}: {name!r} holds finite values beyond the largest {dtype} '
-        f'({torch.finfo(dtype).max:.5g}): they would become inf in the parameter. Scale them '
-        'first, or use a parameter of a wider dtype'
+        f'({torch.finfo(dtype).max:.5g}): they would become inf in {into}. Scale them first, '
+        'or use a parameter of a wider dtype'
     )
   return cast
 
@@ -488,10 +489,10 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
       raise ValueError(
           f'set_grads: {name!r} has shape {tuple(g.shape)}, the parameter {tuple(target.shape)}'
       )
-    g = _narrowed('set_grads', name, g, target.dtype).to(device=target.device, dtype=target.dtype)
-    if target.requires_grad:
+    if target.requires_grad:  # a frozen one's gradient is dropped: nothing to check
       tensors.append(target)
-      values.append(g)
+      g = _narrowed('set_grads', name, g, target.dtype)
+      values.append(g.to(device=target.device, dtype=target.dtype))
   if accumulate:
     torch.autograd.backward(tensors, grad_tensors=values)
   else:

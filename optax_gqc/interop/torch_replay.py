@@ -374,8 +374,9 @@ def first_divergence(
     the sides agree throughout.
   """
   for name, tol in (('rtol', rtol), ('atol', atol)):  # True would be 1; inf agrees with all
-    v = _checks.concrete_float(name, tol)
-    if v is None or not 0 <= v < math.inf:
+    if not _checks.is_number(tol) or np.ndim(tol) != 0:
+      raise TypeError(f'{name} must be a number, got {type(tol).__name__} {tol!r}')
+    if not 0 <= tol < math.inf:
       raise ValueError(f'{name} must be a finite number >= 0, got {tol!r}')
   _checks.check_bool('compare_params', compare_params)
   stat_names = DEFAULT_STAT_NAMES if stat_names is None else stat_names
