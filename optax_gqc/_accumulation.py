@@ -445,10 +445,12 @@ def accumulate(
     new_state = one_kernel(new_state._replace(**buffers), state._replace(**buffers))
     return out, new_state._replace(inner_state=inner_state, accumulator=accumulator)
 
-  def update_fn(updates, state, params=None, **extra_args):
+  def update_fn(updates, state, params=None, *loss, **extra_args):
+    _checks.check_no_positional_loss(loss, 'update')
     return step_fn(updates, state, params, extra_args, apply=False)
 
-  def update_and_apply_fn(updates, state, params, **extra_args):
+  def update_and_apply_fn(updates, state, params, *loss, **extra_args):
+    _checks.check_no_positional_loss(loss, 'update_and_apply')
     return step_fn(updates, state, params, extra_args, apply=True)
 
   return AccumulationTransformation(init_fn, update_fn, update_and_apply_fn)
@@ -585,6 +587,7 @@ def update_and_apply(
     grads: Any,
     opt_state: Any,
     params: Any,
+    *loss: Any,
     **extra_args: Any,
 ) -> tuple[Any, Any]:
   r"""One optimizer call that returns the new parameters: update and apply, fused.
@@ -630,6 +633,7 @@ def update_and_apply(
     >>> params['w']  # stepped on the mean gradient, 2
     Array([0., 0.], dtype=float32)
   """
+  _checks.check_no_positional_loss(loss, 'update_and_apply')
   if params is None:  # optax.apply_updates(None, updates) is None: the step would be lost
     raise TypeError('update_and_apply returns the new params: pass the params to update')
   fused = getattr(tx, 'update_and_apply', None)

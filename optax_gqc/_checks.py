@@ -271,6 +271,15 @@ def check_gate_can_open(who: str, max_draws: Any, **bounds: Any) -> None:
   )
 
 
+def check_no_positional_loss(loss: tuple[Any, ...], who: str) -> None:
+  """Raises if ``update`` was given a fourth positional argument: torch's ``step(loss)``."""
+  if loss:
+    raise TypeError(
+        f"{who} takes the loss as a keyword, value=loss (an extra argument of Optax's "
+        f'update), not by position: got {len(loss)} more positional argument(s) after the params'
+    )
+
+
 def check_decision(step: Any, who: str) -> None:
   """Raises at trace time unless ``step`` is a boolean scalar, as a gate's decision must be."""
   if jnp.shape(step) != () or jnp.result_type(step) != jnp.bool_:

@@ -34,12 +34,19 @@ from optax_gqc.schedules import (
 
 
 def _check_base(name: str, value: Any) -> None:
+  if hasattr(value, 'init') and hasattr(value, 'update'):  # torch's order: the optimizer first
+    raise TypeError(
+        f'{name} must be a number, got the transformation {type(value).__name__}: a recipe '
+        f'takes {name} first and builds its optimizer from a factory, optimizer=optax.adamw'
+    )
   if callable(value):
     raise TypeError(
         f'{name} must be a number, got a function: a recipe takes one value of each number '
         '(and schedules those it schedules itself). Pass one value, or build your own '
         'schedules with scheduled_accumulation'
     )
+  if not _checks.is_number(value):
+    raise TypeError(f'{name} must be a number, got {type(value).__name__} {value!r}')
   _checks.check_scalar_or_schedule(name, value, finite=True)
 
 
@@ -176,13 +183,23 @@ def schedule_by_microbatch(
             f'optax.inject_hyperparams(optax.adamw)({name}=0.0), or '
             'inject_hyperparams(..., hyperparam_dtype=jnp.float32)'
         )
+      narrow = [value.dtype for _, value in found if jnp.finfo(value.dtype).bits < 32]
+      if narrow:  # inject_hyperparams took the params' dtype for every hyperparameter
+        raise TypeError(
+            f'schedule_by_microbatch: the inner optimizer holds {name!r} as {narrow[0]}, as '
+            "inject_hyperparams does for every hyperparameter of low-precision params: Adam's "
+            'b2=0.999 is then 1.0, and its steps NaN. Give it '
+            'optax.inject_hyperparams(..., hyperparam_dtype=jnp.float32)'
+        )
       values[name] = jnp.asarray(schedule(state.num_microbatches), found[0][1].dtype)
     return state._replace(inner_state=optax.tree.set(state.inner_state, **values))
 
-  def update_fn(updates, state, params=None, **extra_args):
+  def update_fn(updates, state, params=None, *loss, **extra_args):
+    _checks.check_no_positional_loss(loss, 'update')
     return tx.update(updates, scheduled(state), params, **extra_args)
 
-  def update_and_apply_fn(updates, state, params, **extra_args):
+  def update_and_apply_fn(updates, state, params, *loss, **extra_args):
+    _checks.check_no_positional_loss(loss, 'update_and_apply')
     return update_and_apply(updates, scheduled(state), params, **extra_args)
 
   update_fn.scheduled_by_microbatch = inner_names | frozenset(schedules)

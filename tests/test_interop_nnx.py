@@ -122,3 +122,13 @@ def test_the_model_and_the_optimizer_swapped_raise():
   grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones((1, 6)))))(model)
   with pytest.raises(TypeError, match=r'\(optimizer, model, grads\).*Sequential'):
     gqc_nnx.update(model, optimizer, grads)
+
+
+def test_the_loss_by_position_is_told_to_go_by_keyword():
+  model = mlp()
+  optimizer = nnx.Optimizer(model, optax_gqc.mht(optax.sgd(0.1), 0.9, 0.05), wrt=nnx.Param)
+  grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones((1, 6)))))(model)
+  with pytest.raises(TypeError, match=r'update takes the loss as a keyword, value=loss'):
+    gqc_nnx.update(optimizer, model, grads, 1.0)  # torch's step(loss)
+  gqc_nnx.update(optimizer, model, grads, value=1.0)
+  assert int(optax_gqc.statistics(optimizer.opt_state)['num_microbatches']) == 1

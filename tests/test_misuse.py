@@ -632,6 +632,18 @@ AT_CONSTRUCTION = {
         'logical_batch_size',
         r'got bool np.True_',
     ),
+    'recipe given the optimizer first (torch order)': (
+        lambda: optax_gqc.gnts_with_cosine_schedule(optax.adamw(1e-3), 1000, 50),
+        TypeError,
+        'learning_rate must be a number, got the transformation',
+        r'optimizer=optax.adamw',
+    ),
+    'recipe given a string for a number': (
+        lambda: optax_gqc.gnts_with_cosine_schedule('1e-3', 1000, 50),
+        TypeError,
+        'learning_rate must be a number',
+        r"got str '1e-3'",
+    ),
     'JAX bool array for a number': (
         lambda: optax_gqc.gnts(sgd(), jnp.array(True)),
         TypeError,
@@ -772,6 +784,34 @@ AT_FIRST_TRACE = {
         ValueError,
         r"scale_by_draws must return a real scalar.*returned str 'sqrt'",
         'jnp.sqrt',
+    ),
+    'the loss by position to update (torch step(loss))': (
+        lambda: optax_gqc.mht(sgd(), 0.9, 0.05).update(
+            PARAMS, optax_gqc.mht(sgd(), 0.9, 0.05).init(PARAMS), PARAMS, 1.0
+        ),
+        TypeError,
+        'update takes the loss as a keyword',
+        'value=loss',
+    ),
+    'the loss by position to update_and_apply': (
+        lambda: optax_gqc.update_and_apply(
+            optax_gqc.mht(sgd(), 0.9, 0.05),
+            PARAMS,
+            optax_gqc.mht(sgd(), 0.9, 0.05).init(PARAMS),
+            PARAMS,
+            1.0,
+        ),
+        TypeError,
+        'update_and_apply takes the loss as a keyword',
+        'value=loss',
+    ),
+    'the loss by position to a recipe': (
+        lambda: (r := optax_gqc.mht_with_warmup_schedule(1e-3, 0.9, 0.05, 100, 10)).update(
+            PARAMS, r.init(PARAMS), PARAMS, 1.0
+        ),
+        TypeError,
+        'update takes the loss as a keyword',
+        'value=loss',
     ),
     'state of the inner optimizer': (
         lambda: first_update(optax_gqc.gnts(sgd(), 0.5), state=sgd().init(PARAMS)),

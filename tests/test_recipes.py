@@ -615,3 +615,22 @@ def test_a_scheduled_hyperparameter_written_as_a_python_number_is_overwritten(wr
     dtype = optax.tree.get(state, 'learning_rate').dtype
     _, state = tx.update(zero, optax.tree.set(state, learning_rate=float(written)), params)
     assert optax.tree.get(state, 'learning_rate').dtype == dtype
+
+
+def test_a_bfloat16_hyperparameter_is_refused_with_the_dtype_that_fixes_it():
+  # inject_hyperparams gives bfloat16 params bfloat16 hyperparameters: Adam's b2
+  # rounds to 1 and the first step is NaN, with nothing counted.
+  params = {'w': jnp.ones(3, jnp.bfloat16)}
+  grads = {'w': jnp.full(3, 0.5, jnp.bfloat16)}
+  schedule = optax.constant_schedule(1e-2)
+
+  def make(**kwargs):
+    inner = optax.inject_hyperparams(optax.adamw, **kwargs)(learning_rate=1e-2)
+    return optax_gqc.schedule_by_microbatch(optax_gqc.sbc(inner, 1, 1), learning_rate=schedule)
+
+  tx = make()
+  with pytest.raises(TypeError, match=r"holds 'learning_rate' as bfloat16.*hyperparam_dtype"):
+    tx.update(grads, tx.init(params), params)
+  tx = make(hyperparam_dtype=jnp.float32)
+  updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+  assert bool(jnp.all(jnp.isfinite(updates['w'].astype(jnp.float32))))

@@ -21,12 +21,15 @@ except ImportError as e:
       'optax_gqc.interop.nnx needs Flax NNX; install it with: pip install flax'
   ) from e
 
+from optax_gqc import _checks
 from optax_gqc._accumulation import update_and_apply
 
 __all__ = ['update']
 
 
-def update(optimizer: nnx.Optimizer, model: nnx.Module, grads: Any, /, **extra_args: Any) -> None:
+def update(
+    optimizer: nnx.Optimizer, model: nnx.Module, grads: Any, /, *loss: Any, **extra_args: Any
+) -> None:
   """``optimizer.update(model, grads)``, with the update fused into the apply.
 
   Reads the parameters that ``optimizer`` tracks (its ``wrt`` filter) from
@@ -67,6 +70,7 @@ def update(optimizer: nnx.Optimizer, model: nnx.Module, grads: Any, /, **extra_a
     >>> int(optimizer.step[...]), int(optax_gqc.statistics(optimizer.opt_state)['num_steps'])
     (4, 2)
   """
+  _checks.check_no_positional_loss(loss, 'update')
   if not isinstance(optimizer, nnx.Optimizer):
     raise TypeError(
         f'update takes (optimizer, model, grads), as optimizer.update(model, grads) reads; '
