@@ -62,8 +62,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     data, source = load_corpus(args.data, args.corpus_bytes)
     tokens_per_micro = args.microbatch * args.context
     run_plan = plan(args.tokens, tokens_per_micro, args.evals, args.block)
+    files = f"{len(source)} file{'' if len(source) == 1 else 's'}"
     print(
-        f'{len(data) / 1e6:.2f} MB of text ({len(source)} files); {len(args.arms)} arms x '
+        f'{len(data) / 1e6:.2f} MB of text ({files}); {len(args.arms)} arms x '
         f'{len(args.seeds)} seeds x {len(args.sizes)} sizes; {run_plan.count} microbatches of '
         f'{args.microbatch} x {args.context} bytes per arm ({run_plan.count * tokens_per_micro} '
         f'tokens), in blocks of {run_plan.block}'

@@ -246,7 +246,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[di
             'verdict_line': verdict_line(verdicts, label)
             + (
                 ''
-                if size in FRONTIER_LR
+                if size in FRONTIER_LR or not any(a in per_arm for a in FRONTIER)
                 else '\n  caveat: the frontier runs at the learning rates swept at '
                 f'{DEFAULT_SIZE}, which may not be the best at this size (docs/research.md)'
             )

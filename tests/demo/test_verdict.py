@@ -203,6 +203,8 @@ def test_summary_averages_seeds_and_judges_against_their_spread(tmp_path):
   for size in arms.FRONTIER_LR:
     swept = verdict.summarize([{**r, 'size': size} for r in runs[:2]], ['control', 'fixed2'])
     assert 'caveat' not in swept[0]['verdict_line']
+  alone = [{**r, 'arms': {'critical': r['arms']['critical']}} for r in runs[:2]]
+  assert 'caveat' not in verdict.summarize(alone, ['critical'])[0]['verdict_line']  # no frontier
   lines = verdict.table(summary)
   assert len(lines) == 2 + 3 + 1 and lines[-1].startswith('units: ')  # headings, arms, units
   plot.plot_study(runs, [summary, small], tmp_path / 'study.png')
