@@ -181,6 +181,9 @@ def main() -> int:
   parser.add_argument('--output', default=None, help="a worker's result, as JSON")
   parser.add_argument('--timeout', type=float, default=180, help='seconds, locally')
   args = parser.parse_args()
+  for flag in ('num_processes', 'devices_per_process'):
+    if getattr(args, flag) < 1:
+      parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
   if args.process_id is not None:
     result = train(args.process_id, args.num_processes, args.coordinator)
     if args.output:

@@ -613,6 +613,11 @@ def plot(
   """
   import matplotlib.pyplot as plt  # noqa: PLC0415 -- optional
 
+  if ax is not None and not hasattr(ax, 'plot'):  # plot(result, 'x.png'): a path for the axis
+    raise TypeError(
+        f'ax must be a matplotlib axis, got {type(ax).__name__} {ax!r}: to save the figure, '
+        "ax = plot(result); ax.figure.savefig('x.png')"
+    )
   if ax is None:
     _, ax = plt.subplots(figsize=(6, 4))
   colors = plt.rcParams['axes.prop_cycle'].by_key()['color']

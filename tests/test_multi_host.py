@@ -98,3 +98,14 @@ def test_the_launcher_exits_on_its_verdict(example, monkeypatch, capsys, steps, 
   monkeypatch.setattr('sys.argv', ['multi_host.py'])
   assert example.main() == status
   assert f'same decisions: {not status}' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('flag', ['--num-processes', '--devices-per-process'])
+def test_the_example_refuses_no_processes_or_devices(example, flag, monkeypatch, capsys):
+  # Was: "0 processes of 4 devices: the 0 devices must split the batch".
+  monkeypatch.setattr(example, 'launch', lambda *a: pytest.fail('launched'))
+  monkeypatch.setattr('sys.argv', ['multi_host.py', flag, '0'])
+  with pytest.raises(SystemExit) as exit_info:
+    example.main()
+  assert exit_info.value.code == 2
+  assert f'{flag} must be at least 1, got 0' in capsys.readouterr().err

@@ -208,6 +208,13 @@ def test_plot_refuses_an_arm_the_study_does_not_have():
     study.plot(result, arms=['gnts', 'nope'])
 
 
+def test_plot_refuses_a_path_for_its_axis():
+  pytest.importorskip('matplotlib')
+  result = {'frontier': {}, 'runs': [], 'arms': {'gnts': {}}}
+  with pytest.raises(TypeError, match=r"ax must be a matplotlib axis, got str 'x.png'.*savefig"):
+    study.plot(result, 'x.png')  # was: 'str' object has no attribute 'plot'
+
+
 def test_plot_of_a_study_with_nothing_to_draw_has_no_legend():
   pytest.importorskip('matplotlib')
   result = {'frontier': {}, 'runs': [], 'arms': {'gnts': {}}}
