@@ -218,6 +218,13 @@ def arms(microbatches: int = 1) -> dict[str, study.Arm]:
       'gnts-f1': functools.partial(optax_gqc.gnts, fraction=1.0),
       'gnts-f2': functools.partial(optax_gqc.gnts, fraction=2.0),
       'gnts-unscaled': functools.partial(optax_gqc.gnts, scale_by_draws=None),
+      # The default with a bootstrap of 20 steps in place of 5 (docs/noise_scale.md).
+      'gnts-boot20': lambda inner: optax_gqc.accumulate(
+          inner,
+          g.critical_batch(0.5, 1, min_batch_size=2, bootstrap_steps=20),
+          max_draws=64,
+          scale_by_draws=sqrt,
+      ),
       # McCandlish's 1 / (1 + B / n) under a square root, sqrt((1 + B) / (1 + B / n)) over one
       # microbatch's rate, with the gate's n = B / 2: sqrt((1 + 2 n) / 3), 0.82 sqrt(n) at large n.
       'gnts-mccandlish': functools.partial(
