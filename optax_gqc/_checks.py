@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from optax_gqc._numerics import axis_names, sq_norm, varying_axes
 
@@ -387,6 +388,13 @@ def check_like_params(updates: Any, accumulator: Any) -> None:
             "gives, whose Variables the optimizer's wrt filter selects (a pure dict, "
             'nnx.as_pure or nnx.to_pure_dict, has none)'
             if empty
+            else ''
+        )
+        + (
+            '. With optax.lookahead inside, init the accumulation with the fast params, '
+            'tx.init(params.fast), and pass the LookaheadParams to update; or put the '
+            'accumulation inside lookahead: optax.lookahead(optax_gqc.sbc(...), ...)'
+            if isinstance(accumulator, optax.LookaheadParams)
             else ''
         )
     )

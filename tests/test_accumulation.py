@@ -807,6 +807,16 @@ def test_fused_params_unlike_init_are_named_when_the_state_ignores_them():
   np.testing.assert_allclose(new_params['w'], -0.1)
 
 
+def test_lookahead_params_given_to_init_are_told_how_to_wrap_lookahead():
+  # optax.lookahead's own docs init it with LookaheadParams; its gradients are the fast params'.
+  fast = {'w': jnp.ones(3)}
+  tx = optax_gqc.sbc(optax.lookahead(optax.sgd(0.1), 2, 0.5), 1, 1)
+  params = optax.LookaheadParams(fast, fast)
+  state = tx.init(params)
+  with pytest.raises(ValueError, match=r'init the accumulation with the fast params'):
+    tx.update({'w': jnp.ones(3)}, state, params)
+
+
 def test_an_inner_optimizer_with_params_of_its_own_keeps_working():
   # optax.lookahead's update takes its fast and slow params, not those of init.
   fast = {'w': jnp.ones(3)}
