@@ -7,7 +7,6 @@ that mean. The whole decision is one ``jax.lax.cond`` on device.
 """
 
 import functools
-import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -194,12 +193,7 @@ def _check_scale_by_draws(scale_by_draws: Any) -> None:
   fix = 'pass a function of n such as jnp.sqrt'
   if not callable(scale_by_draws):
     raise TypeError(f'scale_by_draws must be a function of n, got {scale_by_draws!r}: {fix}')
-  try:
-    inspect.signature(scale_by_draws).bind(None)
-  except ValueError:  # no signature to read (some builtins): the step's trace will tell
-    pass
-  except TypeError as e:
-    raise TypeError(f'scale_by_draws must take one argument, n: {e}: {fix}') from e
+  _checks.check_takes_one_argument('scale_by_draws', scale_by_draws, 'n', fix)
 
 
 def _scale(scale_by_draws: Any, n: jax.Array) -> jax.Array:

@@ -3,6 +3,7 @@
 Each error names the argument and says what to pass instead.
 """
 
+import inspect
 import math
 import numbers
 from typing import Any
@@ -270,6 +271,19 @@ def check_gate_can_open(who: str, max_draws: Any, **bounds: Any) -> None:
       'measure is exactly 0, so the run would stop stepping where it is not. Give '
       f"{' or '.join(bounds)} > 0, or a max_draws that forces a step"
   )
+
+
+def check_takes_one_argument(name: str, fn: Any, what: str, fix: str) -> None:
+  """Raises if ``fn``'s signature cannot bind one positional argument, ``what``.
+
+  A callable with no signature to read (some builtins) passes: its first trace tells.
+  """
+  try:
+    inspect.signature(fn).bind(None)
+  except ValueError:
+    return
+  except TypeError as e:
+    raise TypeError(f'{name} must take one argument, {what}: {e}: {fix}') from e
 
 
 def check_no_positional_loss(loss: tuple[Any, ...], who: str) -> None:

@@ -14,7 +14,6 @@ step (counted in ``num_forced``), and the gate counts the microbatch in
 ``num_bad_hyperparams``. A constant out of its domain raises at construction.
 """
 
-import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -758,12 +757,7 @@ def from_function(rule: Callable[[DrawStats], jax.Array]) -> Gate:
   fix = 'pass a function of DrawStats, e.g. lambda s: s.num_draws >= 4'
   if not callable(rule):
     raise TypeError(f'rule must be callable, got {type(rule).__name__}: {fix}')
-  try:
-    inspect.signature(rule).bind(None)
-  except ValueError:  # no signature to read (some builtins): the first trace will tell
-    pass
-  except TypeError as e:
-    raise TypeError(f'rule must take one argument, the DrawStats: {e}: {fix}') from e
+  _checks.check_takes_one_argument('rule', rule, 'the DrawStats', fix)
 
   def update(stats, state, **extra_args):
     del extra_args
