@@ -415,6 +415,13 @@ def main(argv=None) -> int:
           f'{name} has {count} microbatches, too few for --evals {args.evals} and k up to '
           f'{max(ks)}: lower either'
       )
+  for name in tasks if args.merge else ():  # what merge compares that --evals decides
+    old = json.loads(Path(args.out, f'{name}.json').read_text()).get('microbatches')
+    if old is not None and old != counts[name] - counts[name] % args.evals:
+      parser.error(
+          f'--merge: {name}.json trained on {old} microbatches and --evals {args.evals} gives '
+          f'{counts[name] - counts[name] % args.evals}: pass the --evals it was run with'
+      )
   for name, task in built_tasks.items():
     built = arms(counts[name] - counts[name] % args.evals)  # the ramps grow over the run's length
     chosen = {a: built[a] for a in names}

@@ -42,6 +42,7 @@ Example:
   2
 """
 
+import functools
 import math
 import numbers
 import warnings
@@ -78,6 +79,8 @@ Arm = Callable[[optax.GradientTransformation], Any]
 def lr_schedule(peak: Any, count: int, warmup: float = 0.05, final: float = 0.1) -> optax.Schedule:
   """Linear warmup over ``warmup`` of ``count`` microbatches, then a cosine to ``final * peak``.
 
+  The warmup is at least one microbatch where ``warmup > 0``, and none at 0.
+
   A schedule of the microbatch count (tokens), the same for every arm.
   ``peak`` may be traced.
   """
@@ -85,7 +88,7 @@ def lr_schedule(peak: Any, count: int, warmup: float = 0.05, final: float = 0.1)
   _checks.check_positive('peak', peak, finite=True)  # a traced one passes
   _check_fractions(warmup, final)
   shape = optax.warmup_cosine_decay_schedule(
-      0.0, 1.0, max(int(warmup * count), 1), max(count, 2), end_value=final
+      0.0, 1.0, max(int(warmup * count), warmup > 0), max(count, 2), end_value=final
   )
   return lambda t: peak * shape(t)
 
@@ -140,13 +143,15 @@ def frontier_loss_at(frontier: Sequence[tuple[float, float]], steps: float) -> f
     extrapolation) or with fewer than two step counts.
 
   Raises:
-    ValueError: if a frontier point's step count is not positive (its log is
-      not defined); ``steps`` of 0 is outside the range (None).
+    ValueError: if a frontier point's step count is not positive and finite
+      (its log is not defined); ``steps`` of 0 is outside the range (None).
   """
-  if any(s <= 0 for s, _ in frontier):
+  frontier = list(frontier)  # a generator, read twice
+  if not all(0 < s < math.inf for s, _ in frontier):  # NaN fails too
     raise ValueError(
         'frontier_loss_at reads step counts on a log scale: each frontier point must have '
-        f'steps > 0, got {sorted(s for s, _ in frontier)!r} (leave out runs that never stepped)'
+        f'finite steps > 0, got {sorted(s for s, _ in frontier)!r} (leave out runs that never '
+        'stepped)'
     )
   best = {}
   for s, loss in frontier:
@@ -226,6 +231,10 @@ def _summarize(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def merge(*results: Mapping[str, Any]) -> dict[str, Any]:
   """One study from studies of the same task and arms on different seeds (e.g. run apart).
 
+  The studies must agree in their grid, microbatches and arms, and in the
+  optimizer, its arguments and the schedule's shape where both record them
+  (results saved by earlier versions do not).
+
   Args:
     *results: what :func:`frontier_study` returned (or its JSON, loaded).
 
@@ -234,10 +243,10 @@ def merge(*results: Mapping[str, Any]) -> dict[str, Any]:
   """
   first = results[0]
   for r in results[1:]:
-    for key in ('learning_rates', 'ks', 'microbatches', 'arm_names'):
-      if r[key] != first[key]:
+    for key in (*_SHARED, *_SETTINGS):
+      if (key in r or key in _SHARED) and key in first and r[key] != first[key]:
         raise ValueError(f'merge: the studies differ in {key}: {first[key]} vs {r[key]}')
-  meta = {k: first[k] for k in ('learning_rates', 'ks', 'microbatches', 'arm_names')}
+  meta = {k: first[k] for k in (*_SHARED, *_SETTINGS) if k in first}
   meta['seeds'] = [s for r in results for s in r['seeds']]
   if len(set(meta['seeds'])) != len(meta['seeds']):
     raise ValueError(
@@ -245,6 +254,21 @@ def merge(*results: Mapping[str, Any]) -> dict[str, Any]:
         'runs, which the intervals would count as independent'
     )
   return summarize([run for r in results for run in r['runs']], meta)
+
+
+# What studies to merge must share; the settings too where both record them (older don't).
+_SHARED = ('learning_rates', 'ks', 'microbatches', 'arm_names')
+_SETTINGS = ('optimizer', 'optimizer_kwargs', 'warmup', 'final_lr')
+
+
+def _name(f: Any) -> str:
+  """A function (or a partial of one) by name, as the study records it: no address."""
+  if isinstance(f, functools.partial):
+    args = [*map(_name, f.args), *(f'{k}={_name(v)}' for k, v in sorted(f.keywords.items()))]
+    return f"{_name(f.func)}({', '.join(args)})"
+  if callable(f) and hasattr(f, '__qualname__'):
+    return f'{f.__module__}.{f.__qualname__}'
+  return repr(f)
 
 
 def _per_seed(value: Any, seed: int) -> Any:
@@ -289,9 +313,10 @@ def _check_args(learning_rates, ks, seeds, evals, count, seeded, arm_names, warm
     )
   if len(seeds) > 1 and not seeded:
     raise ValueError(
-        f'seeds {seeds!r} would all run the same: params, microbatches and eval_batches are '
-        'the same arrays for every seed. Pass a function of the seed for one of them (params '
-        'or microbatches, for seeds that train differently), or one seed'
+        f'seeds {seeds!r} would all train the same: params and microbatches are the same '
+        'arrays for every seed (a function of the seed for eval_batches alone changes only '
+        'what is measured, and the intervals would read it as independent training). Pass a '
+        'function of the seed for params or microbatches, or one seed'
     )
   _checks.check_positive_int('evals', evals)
   if count < evals * max(ks):
@@ -342,10 +367,10 @@ def frontier_study(
       The margins read the frontier as straight lines in log steps between
       its points, and a frontier curves: points a factor of 2 apart flatter
       an arm between them (docs/study.md), hence 3 and 6 by default.
-    seeds: the seeds; each has its own frontier. Several need ``params``,
-      ``microbatches`` or ``eval_batches`` to be a function of the seed:
-      otherwise every seed would run the same, and the intervals would read
-      copies as independent.
+    seeds: the seeds; each has its own frontier. Several need ``params`` or
+      ``microbatches`` to be a function of the seed: otherwise every seed
+      would train the same, and the intervals would read copies as
+      independent.
     optimizer: the optimizer factory, taking ``learning_rate``; built with
       ``optax.inject_hyperparams``.
     optimizer_kwargs: its other arguments (e.g. ``weight_decay``).
@@ -364,7 +389,10 @@ def frontier_study(
     the arm's own best rate), ``step_ratios`` (its steps over the
     control's; None where its loss is not finite), their
     :func:`paired_interval` as ``margin`` and ``best_margin``, and
-    ``step_ratio``, the mean ratio over the seeds with a margin. A warning
+    ``step_ratio``, the mean ratio over the seeds with a margin; and the
+    settings it ran with (``seeds``, ``learning_rates``, ``ks``,
+    ``microbatches``, ``arm_names``, ``optimizer`` and ``optimizer_kwargs`` by
+    name, ``warmup``, ``final_lr``), which :func:`merge` compares. A warning
     says when every seed gave the same frontier, to the bit.
   """
   optimizer_kwargs = dict(optimizer_kwargs or {})
@@ -381,13 +409,14 @@ def frontier_study(
     raise TypeError(f'seeds is a sequence of seeds, e.g. (0, 1, 2), got {seeds!r}')
   # A NumPy array or a generator of seeds too; NumPy's integers as Python's, for the JSON.
   seeds = [int(s) if isinstance(s, numbers.Integral) else s for s in seeds]
+  ks = tuple(ks)  # a generator, read twice
   for k in ks:  # before int() would make 1.9 the control
     _checks.check_positive_int('each k', k)
   ks = tuple(int(k) for k in ks)
   lrs = np.asarray(learning_rates, np.float32)
   first = _per_seed(microbatches, seeds[0] if seeds else 0)
   given = jax.tree.leaves(first)[0].shape[0]
-  seeded = any(callable(x) for x in (params, microbatches, eval_batches))
+  seeded = any(callable(x) for x in (params, microbatches))  # seeds that train differently
   _check_args(
       tuple(learning_rates), ks, tuple(seeds), evals, given, seeded, list(arms), warmup, final_lr
   )
@@ -461,6 +490,10 @@ def frontier_study(
           'ks': list(ks),
           'microbatches': int(count),
           'arm_names': list(arms),
+          'optimizer': _name(optimizer),
+          'optimizer_kwargs': {k: _name(v) for k, v in sorted(optimizer_kwargs.items())},
+          'warmup': float(warmup),
+          'final_lr': float(final_lr),
       },
   )
 
@@ -510,7 +543,9 @@ def summarize(runs: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dic
   Args:
     runs: the ``runs`` of one or more studies of the same task.
     meta: ``seeds``, ``learning_rates``, ``ks``, ``microbatches`` and
-      ``arm_names`` (the adaptive arms, in order).
+      ``arm_names`` (the adaptive arms, in order), and optionally the
+      settings :func:`frontier_study` records (``optimizer``,
+      ``optimizer_kwargs``, ``warmup``, ``final_lr``).
 
   Returns:
     What :func:`frontier_study` returns.

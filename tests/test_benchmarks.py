@@ -346,7 +346,7 @@ def test_suite_ramps_grow_the_batch_from_two_to_k_over_the_run(load):
 def test_suite_checks_its_arguments_before_training(load, tmp_path, capsys):
   suite = load('suite')
   (tmp_path / 'teacher.json').write_text(
-      json.dumps({'seeds': [0], 'ks': [1, 2], 'arm_names': ['gnts']})
+      json.dumps({'seeds': [0], 'ks': [1, 2], 'arm_names': ['gnts'], 'microbatches': 2000})
   )
   bad = {
       '--tasks nope': 'unknown task nope',
@@ -356,6 +356,10 @@ def test_suite_checks_its_arguments_before_training(load, tmp_path, capsys):
       f'--tasks teacher --merge --out {tmp_path / "none"}': 'no .*teacher.json',
       f'--tasks teacher --seeds 0 --ks 1,2 --arms gnts --merge --out {tmp_path}': 'other seeds',
       f'--tasks teacher --seeds 1 --ks 1,4 --arms gnts --merge --out {tmp_path}': 'pass the same',
+      # 2000 microbatches over 3 evaluations train on 1998, which merge refused after training.
+      f'--tasks teacher --seeds 1 --ks 1,2 --arms gnts --merge --evals 3 --out {tmp_path}': (
+          'trained on 2000 microbatches and --evals 3 gives 1998'
+      ),
       # Each of these failed after the training it threw away, or in a traceback.
       f'--tasks teacher --out {tmp_path / "teacher.json"}': r'--out .*File exists',
       '--tasks teacher --out /proc/sub': '--out /proc/sub',

@@ -8,6 +8,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import scipy.stats
 
@@ -251,6 +252,49 @@ def test_several_seeds_of_the_same_data_and_params_raise():
     study.frontier_study(loss_fn, np.zeros(4), batches, eval_batches=batches, seeds=(0, 1), **args)
 
 
+def test_seeds_that_differ_only_in_eval_batches_raise():
+  # They trained the same and passed unwarned: the interval read the validation sets'
+  # differences as independent training.
+  batches = (np.zeros((96, 2, 4), np.float32), np.zeros((96, 2), np.float32))
+  args = {'arms': {}, 'learning_rates': (0.1,), 'ks': (1, 2), 'evals': 2}
+  with pytest.raises(ValueError, match='would all train the same'):
+    study.frontier_study(
+        loss_fn, np.zeros(4), batches, eval_batches=lambda seed: batches, seeds=(0, 1), **args
+    )
+
+
+def test_merge_refuses_studies_of_other_settings():
+  batches = data(0, count=8)
+  args = dict(eval_batches=batches, arms={}, learning_rates=(0.1,), ks=(1, 2), evals=2)
+  a = study.frontier_study(loss_fn, jnp.zeros(4), batches, seeds=(0,), **args)
+  assert a['optimizer'] == 'optax._src.alias.adamw' and a['final_lr'] == 0.1
+  b = study.frontier_study(loss_fn, jnp.zeros(4), batches, seeds=(1,), final_lr=1.0, **args)
+  with pytest.raises(ValueError, match='differ in final_lr: 0.1 vs 1.0'):
+    study.merge(a, b)
+  c = study.frontier_study(
+      loss_fn, jnp.zeros(4), batches, seeds=(1,), optimizer=optax.sgd, optimizer_kwargs={}, **args
+  )
+  with pytest.raises(ValueError, match='differ in optimizer'):
+    study.merge(a, c)
+  d = study.frontier_study(
+      loss_fn, jnp.zeros(4), batches, seeds=(1,), optimizer_kwargs={'weight_decay': 0.1}, **args
+  )
+  with pytest.raises(ValueError, match='differ in optimizer_kwargs'):
+    study.merge(a, d)
+  # A study saved before the settings were recorded merges on what it has.
+  old = {k: v for k, v in a.items() if k not in ('optimizer', 'final_lr')}
+  same = study.frontier_study(loss_fn, jnp.zeros(4), batches, seeds=(1,), **args)
+  assert study.merge(old, same)['seeds'] == [0, 1]
+  assert study.merge(a, same)['final_lr'] == 0.1
+
+
+def test_lr_schedule_without_warmup_starts_at_the_peak():
+  # warmup=0 had a warmup of one microbatch: the first step at a rate of 0.
+  assert float(study.lr_schedule(2.0, 100, warmup=0.0)(0)) == 2.0
+  assert float(study.lr_schedule(2.0, 100, warmup=0.001)(0)) == 0.0  # at least one microbatch
+  assert float(study.lr_schedule(2.0, 100, warmup=0.05)(5)) == 2.0
+
+
 def test_frontier_loss_at_is_linear_in_log_steps():
   frontier = [(100, 2.0), (25, 3.0), (50, 2.5)]
   assert study.frontier_loss_at(frontier, 50) == 2.5
@@ -263,6 +307,11 @@ def test_frontier_loss_at_is_linear_in_log_steps():
   assert 1.5 < study.frontier_loss_at(frontier, 101) < 2.0
   assert study.frontier_loss_at(frontier, 200) == 1.5
   assert study.frontier_loss_at([(100, 2.0), (100, 1.0)], 100) is None  # one step count
+  # A generator of points (read twice: out of range), and step counts that have no log.
+  assert study.frontier_loss_at(((s, loss) for s, loss in frontier), 50) == 2.5
+  for bad in (math.nan, math.inf):  # NaN read 2.13 for 2.10 or None, by its place; inf 2.2
+    with pytest.raises(ValueError, match='finite steps > 0'):
+      study.frontier_loss_at([(50, 2.2), (bad, 9.0), (25, 2.5), (100, 2.0)], 70)
 
 
 def test_paired_interval_is_the_t_interval_of_the_mean():
@@ -301,6 +350,7 @@ def test_paired_interval_compiles_its_quantile_once(caplog):
         ({'final_lr': True}, 'final_lr'),  # read as 1: the rate never decays
         ({'final_lr': -0.5}, 'final_lr'),  # a negative rate at the end
         ({'warmup': 1.5}, 'warmup'),
+        ({'ks': (k for k in (2, 4))}, r'include 1.*got \(2, 4\)'),  # a generator read 'got ()'
     ],
 )
 def test_frontier_study_rejects_bad_arguments(kwargs, match):
