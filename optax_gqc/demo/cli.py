@@ -93,9 +93,11 @@ def _distinct(items: list, text: str, show=str) -> tuple:
 
 
 def _arm_list(text: str) -> tuple[str, ...]:
-  names = [a.strip() for a in text.split(',') if a.strip()]
+  names = [a.strip() for a in text.split(',')]
+  if '' in names:
+    raise argparse.ArgumentTypeError(f'an empty arm name in {text!r} (ARM[,ARM...])')
   unknown = [a for a in names if a not in ARMS]
-  if unknown or not names:
+  if unknown:
     raise argparse.ArgumentTypeError(
         f"unknown arm {', '.join(map(repr, unknown)) or repr(text)} "
         f"(choose from {', '.join(ARMS)})"
@@ -117,9 +119,11 @@ def _size_list(text: str) -> tuple[tuple[int, int], ...]:
   sizes = []
   for item in text.split(','):
     dim, _, layers = item.strip().lower().partition('x')
-    if not (dim.isdigit() and layers.isdigit() and int(dim) >= 1 and int(layers) >= 1):
+    numbers = (dim, layers)
+    if not all(n.isascii() and n.isdigit() and 1 <= int(n) <= _INT32_MAX for n in numbers):
       raise argparse.ArgumentTypeError(
-          f'must be comma-separated WIDTHxLAYERS, each >= 1 (e.g. 96x3,64x2), got {item!r}'
+          f'must be comma-separated WIDTHxLAYERS, each in [1, {_INT32_MAX}] (e.g. 96x3,64x2), '
+          f'got {item!r}'
       )
     sizes.append((int(dim), int(layers)))
   return _distinct(sizes, text, show=lambda size: f'{size[0]}x{size[1]}')
@@ -309,6 +313,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if dim % args.heads:
       flag = '--sizes' if 'sizes' in given else '--dim'
       parser.error(f'argument --heads: {args.heads} heads do not divide the width {dim} ({flag})')
+  if args.max_draws is not None and not any('max_draws' in ARMS[a] for a in args.arms):
+    parser.error(
+        f"argument --max-draws: none of the arms {','.join(args.arms)} has a limit to set "
+        f"(those that have: {', '.join(a for a in ARMS if 'max_draws' in ARMS[a])})"
+    )
   tokens_per_micro = args.microbatch * args.context
   need = max(args.evals, MIN_MICROBATCHES)
   if args.tokens // tokens_per_micro < need:
@@ -334,11 +343,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
           f'argument --corpus-bytes: {available} bytes of stdlib source; need at least '
           f'{min_bytes} (10 x (--context + 2), for the held-out 10%), or give --data FILE'
       )
+  elif not args.data:
+    parser.error('argument --data: an empty path; give a text file')
   else:
     problem = _data_problem(Path(args.data), min_bytes)
     if problem:
       parser.error(f'argument --data: {problem}')
-  problem = _out_problem(Path(args.out))
+  problem = _out_problem(Path(args.out)) if args.out else 'an empty path; give a folder'
   if problem:
     parser.error(f'argument --out: {problem}')
   return args

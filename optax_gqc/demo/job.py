@@ -1,9 +1,12 @@
 """The main job: every size, seed and arm, then the table, ``results.json`` and the figures."""
 
+import contextlib
 import json
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ from optax_gqc.demo.cli import parse_args
 from optax_gqc.demo.data import load_corpus, sample_batches
 from optax_gqc.demo.model import CharTransformer
 from optax_gqc.demo.plot import plot_curves, plot_study
-from optax_gqc.demo.train import plan, run_arm
+from optax_gqc.demo.train import CTRL_C, plan, run_arm
 from optax_gqc.demo.verdict import summarize, table
 
 VAL_BATCHES, VAL_SEQUENCES = 8, 32  # the validation windows, the same for every seed
@@ -51,8 +54,38 @@ def _write(path: Path, text: str) -> None:
   partial.replace(path)
 
 
+@contextlib.contextmanager
+def ctrl_c_kept() -> Iterator[None]:
+  """Ctrl-C raises KeyboardInterrupt, and is kept for the train loop's next check.
+
+  Python drops a KeyboardInterrupt raised inside a garbage-collector callback
+  (JAX runs one often while it traces), and the run went on as if no Ctrl-C
+  had come: :func:`optax_gqc.demo.train.check_ctrl_c` raises it again.
+  """
+  if threading.current_thread() is not threading.main_thread():  # signals reach that one alone
+    yield
+    return
+
+  def on_ctrl_c(signum, frame):
+    CTRL_C.set()
+    raise KeyboardInterrupt
+
+  CTRL_C.clear()
+  previous = signal.signal(signal.SIGINT, on_ctrl_c)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
+    CTRL_C.clear()
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Runs the demo; returns what it writes to ``results.json``."""
+  with ctrl_c_kept():
+    return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> dict[str, Any]:
   start = time.perf_counter()
   args = parse_args(argv)
   out = Path(args.out)
@@ -81,6 +114,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   lines = []
   for s in summaries:
     lines += [*table(s), s['verdict_line'], '']
+  finished = sum(len(r['arms']) for r in runs)
+  if interrupted:
+    asked = len(args.arms) * len(args.seeds) * len(args.sizes)
+    lines += [
+        f'interrupted: {finished} of {asked} arm runs finished; the table leaves out the others '
+        'and any seed they leave incomplete',
+        '',
+    ]
   first = runs[0]
   payload = {
       'config': {**vars(args), 'count': run_plan.count, 'block': run_plan.block},
@@ -112,6 +153,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     try:
       draw(out / name)
       written.append(name)
+    except KeyboardInterrupt:  # the results are written; say they end here
+      interrupted = payload['interrupted'] = True
+      print(f'interrupted: {out / name} not drawn', file=sys.stderr)
+      break
     except Exception as e:  # noqa: BLE001 -- no matplotlib, a full disk: the results stand
       print(f'could not draw {out / name}: {type(e).__name__}: {e}', file=sys.stderr)
   # Since main began: the arms, and the rest (the text, each model's first build, the plots).
@@ -121,13 +166,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   print(
       f'time: {train_s:.0f} s training, {compile_s:.0f} s compiling (and the first evaluation): '
       f'{compile_s / max(train_s + compile_s, 1e-9):.0%} compiling; {total_s:.0f} s in all '
-      '(the rest: reading the text, building the models, plotting)'
+      '(the rest: reading the text, building the models, plotting'
+      f"{', the arm cut short' if interrupted else ''})"
   )
   print(f"wrote {', '.join(str(out / w) for w in written)}")
   if interrupted:
-    print(
-        f'interrupted: kept the arms that finished ({sum(len(r["arms"]) for r in runs)})',
-        file=sys.stderr,
-    )
+    print(f'interrupted: kept the arms that finished ({finished})', file=sys.stderr)
     raise SystemExit(130)
   return payload

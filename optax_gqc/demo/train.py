@@ -3,6 +3,7 @@
 import argparse
 import math
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -48,6 +49,16 @@ def train_block(spec_items, graphdef, setup, params, opt_state, knobs, batches):
 
 
 _PROGRAMS: dict[Any, Any] = {}  # compiled train blocks, by everything they bake in
+
+# Set by the demo's Ctrl-C handler (job.ctrl_c_kept): Python drops a KeyboardInterrupt
+# raised inside a garbage-collector callback, which JAX's tracing runs often.
+CTRL_C = threading.Event()
+
+
+def check_ctrl_c() -> None:
+  """Raises the Ctrl-C that came since the handler was installed, if Python dropped it."""
+  if CTRL_C.is_set():
+    raise KeyboardInterrupt
 
 
 def compiled_block(spec, graphdef, setup, params, opt_state, knobs, batches, on_compile=None):
@@ -130,6 +141,7 @@ def run_arm(
   )
   initial_loss = float(eval_loss(params, graphdef, val))
   compile_seconds = time.perf_counter() - start
+  check_ctrl_c()
 
   start = time.perf_counter()
   curve, trace, num_steps = [], [], []
@@ -143,6 +155,7 @@ def run_arm(
   )
   with bar:
     for i in range(run_plan.count // block):
+      check_ctrl_c()
       params, opt_state, losses, steps, stats = program(params, opt_state, knobs, batches(i))
       losses, steps, stats = jax.device_get((losses, steps, stats))
       num_steps.append(steps)

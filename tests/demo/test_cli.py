@@ -55,6 +55,16 @@ BAD_INPUTS = [
     (['--arms', 'control,critical,control'], '--arms'),
     (['--sizes', '64x2,64X2'], '--sizes'),
     (['--block', '0'], '--block'),
+    (['--sizes', '2147483648x1'], '--sizes'),  # past int32: accepted, then failed to build
+    (['--sizes', '99999999999x1'], '--sizes'),  # blamed --heads
+    (
+        ['--sizes', '\u00b2x1'],
+        'WIDTHxLAYERS',
+    ),  # a digit to isdigit, not to int(): 'invalid _size_list'
+    (['--quick', '--arms', 'control,,fixed2'], '--arms'),  # ran; '--seeds 0,,1' is refused
+    (['--quick', '--arms', 'control,fixed2', '--max-draws', '8'], '--max-draws'),  # ignored
+    (['--data', ''], 'an empty path'),  # '. is a directory'
+    (['--out', ''], 'an empty path'),  # wrote into the working directory
     (['--no-such-flag'], '--no-such-flag'),
 ]
 

@@ -3,12 +3,17 @@
 import contextlib
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
 from optax_gqc import demo
-from optax_gqc.demo import arms, job, verdict
+from optax_gqc.demo import arms, job, train, verdict
 
 pytestmark = pytest.mark.slow
 
@@ -158,8 +163,70 @@ def test_ctrl_c_keeps_the_arms_that_finished(quick, tmp_path, monkeypatch, capsy
   saved = json.loads((tmp_path / 'results.json').read_text())
   assert saved['interrupted'] and list(saved['arms']) == ['fixed2']
   assert (tmp_path / 'curves.png').stat().st_size > 0
-  assert (tmp_path / 'table.txt').read_text().splitlines()[2].startswith('fixed2')
+  table = (tmp_path / 'table.txt').read_text()
+  assert table.splitlines()[2].startswith('fixed2')
+  assert 'interrupted: 1 of 2 arm runs finished' in table  # the file says it is partial
   assert 'interrupted' in capsys.readouterr().err
+
+
+def test_ctrl_c_while_drawing_says_so_in_the_results(quick, tmp_path, monkeypatch, capsys):
+  # It left a traceback and a results.json that read "interrupted": false.
+  payload, _, _ = quick
+  monkeypatch.setattr(job, 'run_arm', lambda name, *args: payload['runs'][0]['arms'][name])
+
+  def interrupt(*args):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(job, 'plot_curves', interrupt)
+  with pytest.raises(SystemExit) as exit_info:
+    demo.main(['--quick', '--no-progress', '--out', str(tmp_path)])
+  assert exit_info.value.code == 130
+  saved = json.loads((tmp_path / 'results.json').read_text())
+  assert saved['interrupted'] and 'seconds' in saved
+  assert 'curves.png not drawn' in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+def test_a_ctrl_c_that_python_drops_is_raised_at_the_next_check():
+  # Python drops an exception raised in a __del__ or a garbage-collector callback (JAX
+  # runs one as it traces): the demo went on, to exit 0, as if no Ctrl-C had come.
+  class Dropped:
+
+    def __del__(self):
+      os.kill(os.getpid(), signal.SIGINT)
+
+  with job.ctrl_c_kept():
+    train.check_ctrl_c()  # none yet
+    Dropped()  # the handler's KeyboardInterrupt, raised in __del__, is dropped
+    with pytest.raises(KeyboardInterrupt):
+      train.check_ctrl_c()
+  train.check_ctrl_c()  # cleared on the way out, and the handler given back
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_while_compiling_exits_130_from_the_shell(tmp_path):
+  # XLA went on compiling in a thread of its own, and the interpreter's teardown
+  # crashed under it: exit 139, "Segmentation fault".
+  argv = ['--quick', '--no-progress', '--arms', 'critical', '--out', str(tmp_path)]
+  env = {k: v for k, v in os.environ.items() if 'CACHE' not in k}  # compiled afresh, not read
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'optax_gqc.demo', *argv],
+      env=env,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
+  try:
+    for line in proc.stderr:  # the compile starts
+      if 'compiling' in line:
+        break
+    time.sleep(1.0)  # past the trace, into XLA's compile (about 2 s here)
+    os.kill(proc.pid, signal.SIGINT)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, err
+  finally:
+    proc.kill()
+  assert 'interrupted' in err
 
 
 def test_a_figure_that_fails_leaves_the_results(quick, tmp_path, monkeypatch, capsys):
