@@ -146,6 +146,16 @@ def test_study_runs_every_seed_and_writes_its_summary(quick, tmp_path):
   assert 'seeds 0,1, seed spread' in text and summary['verdict_line'] in text
 
 
+def ctrl_c(*args):
+  raise KeyboardInterrupt
+
+
+def main_exits_130(argv):
+  with pytest.raises(SystemExit) as exit_info:
+    demo.main(argv)
+  assert exit_info.value.code == 130
+
+
 def test_ctrl_c_keeps_the_arms_that_finished(quick, tmp_path, monkeypatch, capsys):
   finished = []
   real = job.run_arm
@@ -157,9 +167,7 @@ def test_ctrl_c_keeps_the_arms_that_finished(quick, tmp_path, monkeypatch, capsy
     return real(name, *args)
 
   monkeypatch.setattr(job, 'run_arm', run_arm)
-  with pytest.raises(SystemExit) as exit_info:
-    demo.main(['--quick', '--no-progress', '--arms', 'fixed2,critical', '--out', str(tmp_path)])
-  assert exit_info.value.code == 130
+  main_exits_130(['--quick', '--no-progress', '--arms', 'fixed2,critical', '--out', str(tmp_path)])
   saved = json.loads((tmp_path / 'results.json').read_text())
   assert saved['interrupted'] and list(saved['arms']) == ['fixed2']
   assert (tmp_path / 'curves.png').stat().st_size > 0
@@ -173,14 +181,8 @@ def test_ctrl_c_while_drawing_says_so_in_the_results(quick, tmp_path, monkeypatc
   # It left a traceback and a results.json that read "interrupted": false.
   payload, _, _ = quick
   monkeypatch.setattr(job, 'run_arm', lambda name, *args: payload['runs'][0]['arms'][name])
-
-  def interrupt(*args):
-    raise KeyboardInterrupt
-
-  monkeypatch.setattr(job, 'plot_curves', interrupt)
-  with pytest.raises(SystemExit) as exit_info:
-    demo.main(['--quick', '--no-progress', '--out', str(tmp_path)])
-  assert exit_info.value.code == 130
+  monkeypatch.setattr(job, 'plot_curves', ctrl_c)
+  main_exits_130(['--quick', '--no-progress', '--out', str(tmp_path)])
   saved = json.loads((tmp_path / 'results.json').read_text())
   assert saved['interrupted'] and 'seconds' in saved
   assert 'curves.png not drawn' in capsys.readouterr().err
@@ -250,12 +252,7 @@ def test_a_figure_that_fails_leaves_the_results(quick, tmp_path, monkeypatch, ca
 
 
 def test_ctrl_c_before_any_arm_finished_writes_nothing(tmp_path, monkeypatch, capsys):
-  def interrupt(*args):
-    raise KeyboardInterrupt
-
-  monkeypatch.setattr(job, 'run_arm', interrupt)
-  with pytest.raises(SystemExit) as exit_info:
-    demo.main(['--quick', '--no-progress', '--out', str(tmp_path)])
-  assert exit_info.value.code == 130
+  monkeypatch.setattr(job, 'run_arm', ctrl_c)
+  main_exits_130(['--quick', '--no-progress', '--out', str(tmp_path)])
   assert not list(tmp_path.iterdir())
   assert 'nothing written' in capsys.readouterr().err
