@@ -210,6 +210,9 @@ def test_float64_values_beyond_float32_are_refused_not_made_inf():
   ):
     with pytest.raises(OverflowError, match='would become inf'):
       tshim.to_jax(big)
+  # Just past float32's largest, float32 rounds to it: kept, as JAX would make it.
+  edge = tshim.to_jax(torch.tensor([3.4028235e38 * (1 + 1e-10)], dtype=torch.float64))
+  assert edge[0] == np.finfo(np.float32).max
   kept = tshim.to_jax(torch.tensor([np.inf, -np.inf, np.nan, 1e-300, 3e38], dtype=torch.float64))
   assert kept.dtype == jnp.float32 and np.array_equal(
       kept, np.float32([np.inf, -np.inf, np.nan, 0.0, 3e38]), equal_nan=True
@@ -292,6 +295,31 @@ def test_load_into_refuses_a_cast_that_loses_more_than_rounding():
   tshim.load_into(model, {'weight': jnp.asarray([[jnp.inf, 0.1]]), 'bias': jnp.zeros(1)})
   assert model.weight[0, 0] == float('inf')  # an inf given is an inf loaded
   assert model.weight[0, 1] == torch.tensor(0.1, dtype=torch.float16)  # rounded, as cast
+
+
+@needs_torch
+def test_integer_and_complex_values_too_large_or_fractional_are_refused():
+  # Only float-to-float casts were checked: these became inf, or a truncated count.
+  half = torch.nn.Linear(2, 1).half()
+  for who in (tshim.load_into, tshim.set_grads):
+    with pytest.raises(OverflowError, match="'bias' holds finite values beyond"):
+      who(half, {'weight': jnp.ones((1, 2)), 'bias': np.array([1_000_000], np.int32)})
+  z = {'z': torch.nn.Parameter(torch.zeros(1, dtype=torch.complex64))}
+  with pytest.raises(OverflowError, match="'z' holds finite values beyond"):
+    tshim.load_into(z, {'z': np.array([1e39 + 0j])})
+  counts = {'n': torch.zeros((), dtype=torch.int32)}  # a count, as BatchNorm keeps one
+  tshim.load_into(counts, {'n': np.array(7.0)})  # a whole number in range: loaded
+  assert counts['n'].item() == 7 and counts['n'].dtype == torch.int32
+  for bad in (np.array(2.5), np.array(2**40)):  # cut to 2, wrapped to 0
+    with pytest.raises(ValueError, match=r"'n' holds values .* beyond \[-2147483648"):
+      tshim.load_into(counts, {'n': bad})
+  assert counts['n'].item() == 7
+
+
+@needs_torch
+def test_to_torch_takes_a_list_as_jax_numpy_asarray_does():
+  t = tshim.to_torch([1.0, 2.0])  # told to give a {name: array} dict
+  assert t.dtype == torch.float32 and t.tolist() == [1.0, 2.0]
 
 
 @needs_torch

@@ -90,16 +90,58 @@ def test_first_divergence_refuses_tolerances_that_would_agree_on_anything(kwargs
     torch_replay.first_divergence([record], **kwargs)
 
 
+def _stat_record(name, torch_value, optax_value, optax_name=None):
+  optax_stats = {optax_name or name: optax_value}
+  return torch_replay.Record(0, None, True, True, {}, {}, {name: torch_value}, optax_stats, {}, {})
+
+
 def test_first_divergence_scales_the_scalar_tolerance_by_the_torch_value():
   def record(torch_value, optax_value):
-    n = 'num_draws'
-    return torch_replay.Record(
-        0, None, True, True, {}, {}, {n: torch_value}, {n: optax_value}, {}, {}
-    )
+    return _stat_record('last_grad_norm', torch_value, optax_value)
 
   # |1 - 2| > 0.5 * |torch| = 0.5: they differ; |2 - 1| <= 0.5 * 2: they agree.
   assert torch_replay.first_divergence([record(1.0, 2.0)], rtol=0.5, atol=0.0) is not None
   assert torch_replay.first_divergence([record(2.0, 1.0)], rtol=0.5, atol=0.0) is None
+
+
+def test_first_divergence_compares_counts_exactly():
+  # At the rtol bfloat16 wants, 150 and 149 microbatches agreed.
+  for torch_name, optax_name in (('num_batches', 'num_microbatches'), ('num_draws', None)):
+    d = torch_replay.first_divergence([_stat_record(torch_name, 150, 149, optax_name)], rtol=1e-2)
+    assert d is not None and d.what.startswith(f"stat '{torch_name}")
+  assert torch_replay.first_divergence([_stat_record('num_steps', 150, 150.0)], rtol=0) is None
+
+
+def test_first_divergence_compares_shapes_and_names():
+  # Broadcasting compared (3,) with (1, 3) as equal: a transformation adding an axis passed.
+  def record(optax_params):
+    return torch_replay.Record(0, None, True, True, {'w': np.ones(3)}, optax_params, {}, {}, {}, {})
+
+  d = torch_replay.first_divergence([record({'w': np.ones((1, 3))})])
+  assert (d.what, d.torch_value, d.optax_value) == ("param 'w' shape", (3,), (1, 3))
+  d = torch_replay.first_divergence([record({'w': np.ones(1) * 2})])  # was an IndexError
+  assert d.what == "param 'w' shape"
+  d = torch_replay.first_divergence([record({})])  # was a KeyError
+  assert (d.what, d.optax_value) == ("param 'w'", 'missing')
+  scalar = torch_replay.Record(
+      0, None, True, True, {'s': np.array(1.0)}, {'s': np.array(2.0)}, {}, {}, {}, {}
+  )
+  assert torch_replay.first_divergence([scalar]).what == "param 's'"  # was "param 's'[]"
+
+
+def test_replay_gives_both_sides_the_gradient_in_the_parameter_dtype():
+  # Torch took float32 gradients cast to float16, Optax as they were: the same Adam
+  # diverged at microbatch 0.
+  params = {'w': jnp.ones(3, jnp.float16)}
+  stream = [{'w': jnp.full(3, 1e-8, jnp.float32)}] * 2
+  records = torch_replay.replay(
+      lambda ps: torch.optim.Adam(ps, lr=0.1, eps=1e-7), optax.adam(0.1, eps=1e-7), params, stream
+  )
+  assert torch_replay.first_divergence(records, rtol=1e-3) is None
+  with pytest.raises(OverflowError, match='beyond the largest float16'):
+    torch_replay.replay(
+        lambda ps: torch.optim.SGD(ps, lr=0.1), optax.sgd(0.1), params, [{'w': jnp.full(3, 1e6)}]
+    )
 
 
 def test_replay_takes_torch_tensors_as_a_torch_user_has_them():

@@ -14,6 +14,7 @@ side by side is :mod:`optax_gqc.interop.torch_replay`.
 Needs PyTorch: ``pip install "optax-gqc[torch]"``.
 """
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -109,10 +110,12 @@ def _check_fits_32_bits(t: torch.Tensor) -> None:
     parts = torch.view_as_real(t.resolve_conj().resolve_neg()) if t.is_complex() else t
     largest = float(torch.where(torch.isfinite(parts), parts.abs(), 0.0).max())
     limit = float(np.finfo(np.float32).max)
-    if largest > limit:
+    with np.errstate(over='ignore'):  # what float32 rounds it to: just past the max is the max
+      overflows = math.isinf(np.float32(largest))
+    if overflows:
       raise OverflowError(
-          f'to_jax: the {t.dtype} tensor holds finite values of magnitude up to {largest:.3g}, '
-          f'beyond the largest float32 ({limit:.3g}) that JAX makes of it '
+          f'to_jax: the {t.dtype} tensor holds finite values of magnitude up to {largest:.9g}, '
+          f'beyond the largest float32 ({limit:.9g}) that JAX makes of it '
           'while jax_enable_x64 is off: they would become inf. Turn it on '
           "(jax.config.update('jax_enable_x64', True)), or scale the values first"
       )
@@ -163,6 +166,8 @@ def to_torch(array: Any, device: torch.device | str | None = None) -> torch.Tens
     >>> to_torch(jnp.arange(3.0))
     tensor([0., 1., 2.])
   """
+  if isinstance(array, list | tuple):  # as jax.numpy.asarray takes it, and types it
+    array = jnp.asarray(array)
   (tensor,) = _copies_to_torch([array], device, 'to_torch', ['the array'])
   return tensor
 
@@ -380,7 +385,9 @@ def load_into(module: _TensorSource, tree: Mapping[str, Any]) -> None:
       weights in a ``state_dict(keep_vars=True)``).
     TypeError: if a complex array is given for a real parameter.
     OverflowError: if finite values would become inf in the parameter's
-      dtype (float32 values beyond float16's 65504).
+      dtype (float32 or int32 values beyond float16's 65504).
+    ValueError: if an integer parameter cannot hold the values (fractions,
+      or values beyond its range).
 
   Example:
     >>> import jax.numpy as jnp, torch
@@ -418,19 +425,36 @@ def _narrowed(who: str, name: str, source: Any, dtype: Any) -> Any:
         f'{who}: {name!r} is complex and the parameter {dtype}: the imaginary part would be '
         'dropped. Pass the real part (jnp.real) if that is meant'
     )
-  if not (source.is_floating_point() and dtype.is_floating_point):
+  into = "the parameter's .grad" if who == 'set_grads' else 'the parameter'
+  if dtype.is_floating_point or dtype.is_complex:
+    if source.dtype == dtype or (
+        source.is_floating_point()
+        and dtype.is_floating_point
+        and torch.finfo(dtype).max >= torch.finfo(source.dtype).max
+    ):
+      return source
+    cast = source.to(dtype)  # an integer or complex source too: 1e6 is inf in float16
+    if bool((torch.isfinite(source) & ~torch.isfinite(cast)).any()):
+      top = torch.finfo(dtype).max
+      raise OverflowError(
+          f'{who}: {name!r} holds finite values beyond the largest {dtype} ({top:.5g}): they '
+          f'would become inf in {into}. Scale them first, or use a parameter of a wider dtype'
+      )
+    return cast
+  if dtype == torch.bool or source.dtype == dtype:
     return source
-  if torch.finfo(dtype).max >= torch.finfo(source.dtype).max:
-    return source
-  cast = source.to(dtype)
-  if bool((torch.isfinite(source) & ~torch.isfinite(cast)).any()):
-    into = "the parameter's .grad" if who == 'set_grads' else 'the parameter'
-    raise OverflowError(
-        f'{who}: {name!r} holds finite values beyond the largest {dtype} '
-        f'({torch.finfo(dtype).max:.5g}): they would become inf in {into}. Scale them first, '
-        'or use a parameter of a wider dtype'
+  # An integer tensor (a count, as BatchNorm's num_batches_tracked): copy_ would cut a
+  # fraction off, and wrap a value out of its range.
+  info = torch.iinfo(dtype)
+  values = source.to(torch.float64)
+  if not bool(
+      (values == values.trunc()).all() & (values >= info.min).all() & (values <= info.max).all()
+  ):
+    raise ValueError(
+        f'{who}: {name!r} holds values that {into}, {dtype}, cannot hold (fractions, or beyond '
+        f'[{info.min}, {info.max}]): round them first, if a count is meant'
     )
-  return cast
+  return source
 
 
 def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bool = False) -> None:
@@ -459,7 +483,9 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
     TypeError: if a complex array is given for a real parameter, or
       ``accumulate`` is not a bool.
     OverflowError: if finite values would become inf in the parameter's
-      dtype (float32 values beyond float16's 65504).
+      dtype (float32 or int32 values beyond float16's 65504).
+    ValueError: if an integer parameter cannot hold the values (fractions,
+      or values beyond its range).
 
   Example:
     >>> import jax.numpy as jnp, torch

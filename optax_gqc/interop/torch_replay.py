@@ -147,7 +147,8 @@ def replay(
   """Feeds one gradient stream to a torch optimizer and an Optax transformation.
 
   Both sides start from ``params``. For every microbatch gradient ``g`` (and
-  loss, when ``losses`` is given), in order:
+  loss, when ``losses`` is given), in order, ``g`` cast to each parameter's
+  dtype on both sides (torch's ``.grad`` must have it):
 
   - torch: ``g`` is added to the parameters' ``.grad`` through autograd (see
     :func:`~optax_gqc.interop.torch.set_grads`), as ``loss.backward()``
@@ -237,8 +238,11 @@ def replay(
           f'{type(grads).__name__}'
       )
     _check_same_names(f'replay: microbatch {index}', params, grads)
-    # The same values to both sides.
-    grads = {k: _to_jax_array(grads[k], f'microbatch {index}[{k!r}]') for k in names}
+    # The same values to both sides: in the parameter's dtype, as torch's .grad must be.
+    grads = {
+        k: _as_param_dtype(_to_jax_array(grads[k], f'microbatch {index}[{k!r}]'), jax_params[k])
+        for k in names
+    }
 
     set_grads(dict(zip(names, torch_params, strict=True)), grads, accumulate=True)
     result = torch_step(optimizer, loss)
@@ -284,6 +288,19 @@ def _to_jax_array(value: Any, what: str) -> jax.Array:
   return to_jax(value) if isinstance(value, torch.Tensor) else jnp.array(value)
 
 
+def _as_param_dtype(grad: jax.Array, param: jax.Array) -> jax.Array:
+  """``grad`` in ``param``'s dtype; refused where finite values would become inf."""
+  cast = grad.astype(param.dtype)
+  if jnp.issubdtype(param.dtype, jnp.inexact) and bool(
+      jnp.any(jnp.isfinite(grad) & ~jnp.isfinite(cast))
+  ):
+    raise OverflowError(
+        f'replay: a gradient holds finite values beyond the largest {param.dtype} of its '
+        'parameter: they would become inf on both sides. Scale them first'
+    )
+  return cast
+
+
 # Where the two sides part.
 
 #: torch-gqc statistic -> optax_gqc statistic, compared when both sides report it.
@@ -321,6 +338,10 @@ class Divergence(NamedTuple):
     )
 
 
+# Counts, compared exactly: at rtol=1e-2, for bfloat16, 150 and 149 would agree.
+_COUNTS = frozenset({'num_draws', 'num_microbatches', 'num_steps', 'last_num_draws'})
+
+
 def _close(torch_value: Any, optax_value: Any, rtol: float, atol: float) -> bool:
   # np.isclose(x, y) scales rtol by |y|: the torch value is the reference.
   return bool(
@@ -340,15 +361,17 @@ def first_divergence(
   """The first microbatch where the two sides of :func:`replay` disagree.
 
   At each microbatch, in this order: the step decision (exactly); the
-  statistics and hyperparameters named on both sides; every parameter
-  element. Scalars agree when ``|torch - optax| <= atol + rtol * |torch|``.
-  A parameter entry agrees when ``|torch - optax| <= atol + rtol * s``, with
-  ``s`` the largest finite magnitude in its leaf on the torch side: float32
-  rounding is relative to the scale of the arithmetic, and an entry passing
-  near zero keeps an absolute error of that scale. NaNs agree with NaNs, and
-  an infinity with the same infinity only. A statistic
-  one side does not report (torch-gqc's ``last_grad_norm`` before the first
-  step) is not compared.
+  statistics and hyperparameters named on both sides (the counts
+  ``num_draws``, ``num_microbatches``, ``num_steps`` and ``last_num_draws``
+  exactly); every parameter's shape, then its every element. Scalars agree
+  when ``|torch - optax| <= atol + rtol * |torch|``. A parameter entry
+  agrees when ``|torch - optax| <= atol + rtol * s``, with ``s`` the largest
+  finite magnitude in its leaf on the torch side: float32 rounding is
+  relative to the scale of the arithmetic, and an entry passing near zero
+  keeps an absolute error of that scale. NaNs agree with NaNs, and an
+  infinity with the same infinity only. A statistic one side does not
+  report (torch-gqc's ``last_grad_norm`` before the first step) is not
+  compared.
 
   The default ``rtol`` suits float32 parameters. Others need their own: the
   two sides round differently within the first steps, by a bfloat16 rounding
@@ -397,13 +420,18 @@ def first_divergence(
         t, o = t_side.get(t_name), o_side.get(o_name)
         if t is None or o is None:
           continue
-        if not _close(t, o, rtol, atol):
+        exact = kind == 'stat' and o_name in _COUNTS
+        if not (float(t) == float(o) if exact else _close(t, o, rtol, atol)):
           label = t_name if t_name == o_name else f'{t_name}/{o_name}'
           return Divergence(r.index, f'{kind} {label!r}', t, o)
     if compare_params:
       for name, t in r.torch_params.items():
+        if name not in r.optax_params:
+          return Divergence(r.index, f'param {name!r}', 'present', 'missing')
         t = np.asarray(t, np.float64)
         o = np.asarray(r.optax_params[name], np.float64)
+        if t.shape != o.shape:  # broadcasting would compare (3,) with (1, 3) as equal
+          return Divergence(r.index, f'param {name!r} shape', t.shape, o.shape)
         scale = np.max(np.abs(t), initial=0.0, where=np.isfinite(t))
         with np.errstate(invalid='ignore'):  # inf - inf: equal infinities agree below
           err = np.abs(t - o)
@@ -411,6 +439,6 @@ def first_divergence(
         if bad.any():
           worst = np.where(bad, np.nan_to_num(err, nan=np.inf), -1.0)
           where = np.unravel_index(np.argmax(worst), t.shape)
-          at = ', '.join(str(int(i)) for i in where)
-          return Divergence(r.index, f'param {name!r}[{at}]', float(t[where]), float(o[where]))
+          at = f"[{', '.join(str(int(i)) for i in where)}]" if t.ndim else ''
+          return Divergence(r.index, f'param {name!r}{at}', float(t[where]), float(o[where]))
   return None
