@@ -270,7 +270,11 @@ def sgd_sai(
   scaling before the momentum gives the same update; the buffer holds
   :math:`s_p m_t`, and the g-SNR is read from the raw gradient. Once every
   leaf has its g-SNR, its reductions are skipped (a ``jax.lax.cond``) and a
-  step costs about the element-wise work of :func:`optax.sgd` with momentum. The
+  step costs about the element-wise work of :func:`optax.sgd` with momentum.
+  A leaf whose gradient is always zero (a parameter the loss does not use)
+  never gets one, and keeps every leaf's reductions running
+  (``statistics(state)['num_pending_gsnr']`` counts such leaves): leave it out
+  of the optimizer, e.g. ``optax.partition`` with ``optax.set_to_zero()``. The
   state is one param-sized buffer (in ``mu_dtype``) and a few scalars per
   leaf, half the state of :func:`optax.adamw`; the g-SNR is part of it, so it
   survives a save and restore.
@@ -282,9 +286,9 @@ def sgd_sai(
   cases.
 
   * A one-element leaf (its standard deviation is NaN, read as 0) or one whose
-    first gradient is constant (0, or float32 rounding noise) gets at least
-    :math:`\|g\| / \epsilon` in the reference, about :math:`5 \cdot 10^7`
-    for a unit gradient, and the parameter explodes. Ours gives such a leaf
+    first gradient is constant (0, or float32 rounding noise) gets up to
+    :math:`\|g\| / \epsilon` in the reference, :math:`10^8` for a
+    one-element gradient of 1, and the parameter explodes. Ours gives such a leaf
     g-SNR 1, plain SGD with momentum; :func:`scale_by_gsnr` explains why.
   * ``momentum=0`` raises in the reference (its buffer is never made); here it
     is plain g-SNR-scaled SGD with decoupled weight decay.
@@ -295,8 +299,9 @@ def sgd_sai(
   * The reference keeps "g-SNR done" outside its ``state_dict``, so a resumed
     run recomputes the g-SNR from a mid-training gradient. Here it is part of
     the state.
-  * A first gradient with a NaN or an Inf gives the reference a NaN g-SNR
-    (every later update NaN); here the leaf waits for a finite one. One whose
+  * A first gradient with a NaN gives the reference a NaN g-SNR (every later
+    update NaN), one with an Inf an infinite g-SNR (the parameters go to
+    inf); here the leaf waits for a finite one. One whose
     float32 squares overflow (entries from about 1e19) or all underflow
     gives the reference an infinite or zero norm; here the g-SNR is the
     formula's (taken on the leaf divided by a power of two).
