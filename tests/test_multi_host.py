@@ -81,23 +81,33 @@ def test_a_layout_that_cannot_split_the_batch_is_refused_before_any_worker_start
     example.launch(*layout)
 
 
-@pytest.mark.parametrize('steps, status', [([[1, 2], [1, 2]], 0), ([[1, 2], [1, 1]], 1)])
+@pytest.mark.parametrize(
+    'steps, status',
+    [
+        ([[1, 2], [1, 2]], 0),
+        ([[1, 2], [1, 1]], 1),
+        # Agreeing with each other, as one SPMD program's copies always do, and not with
+        # one device on the whole batch (each process fed the same rows): it passed.
+        ([[1, 1], [1, 1]], 1),
+    ],
+)
 def test_the_launcher_exits_on_its_verdict(example, monkeypatch, capsys, steps, status):
-  fake = [
-      {
-          'process_index': i,
-          'process_count': 2,
-          'local_device_count': 4,
-          'device_count': 8,
-          'num_steps': s,
-          'final_loss': 1.0,
-      }
-      for i, s in enumerate(steps)
-  ]
-  monkeypatch.setattr(example, 'launch', lambda *a: fake)
+  def run(steps, i=0, processes=2, devices=4):
+    return {
+        'process_index': i,
+        'process_count': processes,
+        'local_device_count': devices,
+        'device_count': processes * devices,
+        'num_steps': steps,
+        'final_loss': 1.0,
+    }
+
+  fake = [run(s, i) for i, s in enumerate(steps)]
+  reference = [run([1, 2], processes=1, devices=1)]
+  monkeypatch.setattr(example, 'launch', lambda n, d, t: reference if n == 1 else fake)
   monkeypatch.setattr('sys.argv', ['multi_host.py'])
   assert example.main() == status
-  assert f'same decisions: {not status}' in capsys.readouterr().out
+  assert f'as one device on the whole batch: {not status}' in capsys.readouterr().out
 
 
 @pytest.mark.parametrize('flag', ['--num-processes', '--devices-per-process'])
