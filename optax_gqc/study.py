@@ -581,7 +581,8 @@ def table(result: Mapping[str, Any], title: str = '') -> list[str]:
   grid of one rate, a line says the same of every point). A
   seed where the arm has no margin (a loss that is not finite, or a step
   count outside the frontier's) is left out of the mean and the interval,
-  and the line ends with how many seeds have one, e.g. ``(2 of 3 seeds)``.
+  and the line ends with how many seeds have one, e.g. ``(2 of 3 seeds)``,
+  and with the own-best column's count where it differs.
   """
   lines = [title] if title else []
   ks = result['ks']
@@ -616,10 +617,12 @@ def table(result: Mapping[str, Any], title: str = '') -> list[str]:
     interval = '-' if m['low'] is None else f"[{m['low']:+.3f}, {m['high']:+.3f}]"
     missing = len(a['margins']) - m['n']
     steps = '-' if a['step_ratio'] is None else f"{a['step_ratio']:.2f}x"
+    counts = f" ({m['n']} of {len(a['margins'])} seeds)" if missing else ''
+    if b['n'] != m['n']:  # the own-best mean is over other seeds: say so
+      counts += f" (own-best: {b['n']} of {len(a['margins'])})"
     lines.append(
         f"{name:16s} {_fmt(m['mean']):>7s} {interval:>17s} {_fmt(m['min']):>8s} "
-        f"{_fmt(b['mean']):>18s} {steps:>6s}"
-        + (f" ({m['n']} of {len(a['margins'])} seeds)" if missing else '')
+        f"{_fmt(b['mean']):>18s} {steps:>6s}{counts}"
     )
   return lines
 

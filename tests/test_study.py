@@ -116,6 +116,15 @@ def test_table_says_how_many_seeds_have_a_margin():
   result = {'ks': [1], 'frontier': {}, 'arms': {'a': arm}}
   (line,) = [line for line in study.table(result) if line.startswith('a ')]
   assert '+0.150' in line and line.endswith('(2 of 3 seeds)')
+  # The own-best column's mean over other seeds than the margin's was unsaid.
+  arm = study._summarize(
+      [
+          {'seed': i, 'margin': m, 'best_margin': b, 'step_ratio': 0.5}
+          for i, (m, b) in enumerate(((0.1, 0.1), (None, 0.4), (0.2, 0.2)))
+      ]
+  )
+  (line,) = [line for line in study.table({**result, 'arms': {'a': arm}}) if line.startswith('a ')]
+  assert '+0.233' in line and line.endswith('(2 of 3 seeds) (own-best: 3 of 3)')
 
 
 def test_table_marks_a_best_rate_at_the_edge_of_the_grid():
