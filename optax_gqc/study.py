@@ -232,8 +232,8 @@ def merge(*results: Mapping[str, Any]) -> dict[str, Any]:
   """One study from studies of the same task and arms on different seeds (e.g. run apart).
 
   The studies must agree in their grid, microbatches and arms, and in the
-  optimizer, its arguments and the schedule's shape where both record them
-  (results saved by earlier versions do not).
+  optimizer and its arguments (by name) and the schedule's shape, among
+  those that record them (results saved by earlier versions do not).
 
   Args:
     *results: what :func:`frontier_study` returned (or its JSON, loaded).
@@ -241,12 +241,14 @@ def merge(*results: Mapping[str, Any]) -> dict[str, Any]:
   Returns:
     The study over all their seeds, as :func:`frontier_study` returns it.
   """
-  first = results[0]
-  for r in results[1:]:
-    for key in (*_SHARED, *_SETTINGS):
-      if (key in r or key in _SHARED) and key in first and r[key] != first[key]:
-        raise ValueError(f'merge: the studies differ in {key}: {first[key]} vs {r[key]}')
-  meta = {k: first[k] for k in (*_SHARED, *_SETTINGS) if k in first}
+  meta = {}
+  for key in (*_SHARED, *_SETTINGS):  # a setting from every study that records it
+    values = [r[key] for r in results if key in _SHARED or key in r]
+    if values:
+      meta[key] = values[0]
+    for value in values[1:]:
+      if value != values[0]:
+        raise ValueError(f'merge: the studies differ in {key}: {values[0]} vs {value}')
   meta['seeds'] = [s for r in results for s in r['seeds']]
   if len(set(meta['seeds'])) != len(meta['seeds']):
     raise ValueError(
@@ -262,12 +264,20 @@ _SETTINGS = ('optimizer', 'optimizer_kwargs', 'warmup', 'final_lr')
 
 
 def _name(f: Any) -> str:
-  """A function (or a partial of one) by name, as the study records it: no address."""
+  """A function (or a partial of one) by name, as the study records it: no address.
+
+  A number reads as its float (0 and 0.0 agree); another callable by its
+  type's name. Functions are told apart by name alone, not by what they
+  close over.
+  """
   if isinstance(f, functools.partial):
     args = [*map(_name, f.args), *(f'{k}={_name(v)}' for k, v in sorted(f.keywords.items()))]
     return f"{_name(f.func)}({', '.join(args)})"
-  if callable(f) and hasattr(f, '__qualname__'):
-    return f'{f.__module__}.{f.__qualname__}'
+  if _checks.is_number(f) and np.ndim(f) == 0 and np.isrealobj(f):
+    return repr(float(f))
+  if callable(f):
+    named = f if hasattr(f, '__qualname__') else type(f)  # an instance: its class
+    return f'{named.__module__}.{named.__qualname__}'
   return repr(f)
 
 
@@ -413,6 +423,7 @@ def frontier_study(
   for k in ks:  # before int() would make 1.9 the control
     _checks.check_positive_int('each k', k)
   ks = tuple(int(k) for k in ks)
+  learning_rates = tuple(learning_rates)  # a generator, read twice
   lrs = np.asarray(learning_rates, np.float32)
   first = _per_seed(microbatches, seeds[0] if seeds else 0)
   given = jax.tree.leaves(first)[0].shape[0]

@@ -314,6 +314,16 @@ def test_integer_and_complex_values_too_large_or_fractional_are_refused():
     with pytest.raises(ValueError, match=r"'n' holds values .* beyond \[-2147483648"):
       tshim.load_into(counts, {'n': bad})
   assert counts['n'].item() == 7
+  # int64's largest is 2**63 in float64: 2**63 itself passed, and wrapped to int64's least.
+  wide = {'n': torch.zeros((), dtype=torch.int64)}
+  with pytest.raises(ValueError, match="'n' holds values"):
+    tshim.load_into(wide, {'n': np.float32(2.0**63)})
+
+
+@needs_torch
+def test_to_torch_refuses_a_list_jax_would_make_inf():
+  with pytest.raises(OverflowError, match='the list holds finite values beyond the largest'):
+    tshim.to_torch([1e300])  # JAX's float32 of it is inf
 
 
 @needs_torch

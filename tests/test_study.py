@@ -1,6 +1,7 @@
 """The frontier study: its protocol on a small regression, and its arithmetic."""
 
 import functools
+import json
 import logging
 import math
 import warnings
@@ -257,7 +258,7 @@ def test_seeds_that_all_train_the_same_are_warned_of():
 def test_several_seeds_of_the_same_data_and_params_raise():
   batches = (np.zeros((96, 2, 4), np.float32), np.zeros((96, 2), np.float32))
   args = {'arms': {}, 'learning_rates': (0.1,), 'ks': (1, 2), 'evals': 2}
-  with pytest.raises(ValueError, match='would all run the same'):
+  with pytest.raises(ValueError, match='would all train the same'):
     study.frontier_study(loss_fn, np.zeros(4), batches, eval_batches=batches, seeds=(0, 1), **args)
 
 
@@ -290,11 +291,31 @@ def test_merge_refuses_studies_of_other_settings():
   )
   with pytest.raises(ValueError, match='differ in optimizer_kwargs'):
     study.merge(a, d)
-  # A study saved before the settings were recorded merges on what it has.
+  # A study saved before the settings were recorded merges on what it has, and keeps the
+  # others' settings: first, it dropped them, and let a later difference through.
   old = {k: v for k, v in a.items() if k not in ('optimizer', 'final_lr')}
+  old = {**old, 'seeds': [5], 'runs': [{**r, 'seed': 5} for r in old['runs']]}
   same = study.frontier_study(loss_fn, jnp.zeros(4), batches, seeds=(1,), **args)
-  assert study.merge(old, same)['seeds'] == [0, 1]
-  assert study.merge(a, same)['final_lr'] == 0.1
+  assert study.merge(old, same)['seeds'] == [5, 1]
+  assert study.merge(old, a)['optimizer'] == a['optimizer']
+  with pytest.raises(ValueError, match='differ in optimizer'):
+    study.merge(old, a, c)
+  with pytest.raises(ValueError, match='differ in optimizer'):
+    study.merge(study.merge(old, a), c)
+  # Settings recorded by name: an equal number of another type, and two instances of a mask
+  # class, agree (their reprs differed); the JSON a study is saved as keeps them so.
+  kwargs = [{'weight_decay': 0, 'mask': Mask()}, {'weight_decay': 0.0, 'mask': Mask()}]
+  e, f = (
+      study.frontier_study(loss_fn, jnp.zeros(4), batches, seeds=(s,), optimizer_kwargs=kw, **args)
+      for s, kw in zip((0, 1), kwargs, strict=True)
+  )
+  assert study.merge(json.loads(json.dumps(e)), f)['seeds'] == [0, 1]
+
+
+class Mask:
+
+  def __call__(self, params):
+    return jax.tree.map(lambda p: True, params)
 
 
 def test_lr_schedule_without_warmup_starts_at_the_peak():
@@ -360,6 +381,7 @@ def test_paired_interval_compiles_its_quantile_once(caplog):
         ({'final_lr': -0.5}, 'final_lr'),  # a negative rate at the end
         ({'warmup': 1.5}, 'warmup'),
         ({'ks': (k for k in (2, 4))}, r'include 1.*got \(2, 4\)'),  # a generator read 'got ()'
+        ({'learning_rates': (x for x in (0.1, -1.0))}, 'learning_rates'),  # a TypeError
     ],
 )
 def test_frontier_study_rejects_bad_arguments(kwargs, match):
@@ -408,7 +430,7 @@ def test_optimizer_kwargs_take_a_mask_and_refuse_a_schedule():
         (
             lambda: study.frontier_loss_at([(0, 2.0), (10, 1.0)], 5),
             ValueError,
-            'must have steps > 0',
+            'must have finite steps > 0',
         ),
     ],
 )

@@ -123,6 +123,8 @@ def test_first_divergence_compares_shapes_and_names():
   assert d.what == "param 'w' shape"
   d = torch_replay.first_divergence([record({})])  # was a KeyError
   assert (d.what, d.optax_value) == ("param 'w'", 'missing')
+  d = torch_replay.first_divergence([record({'w': np.ones(3), 'extra': np.ones(1)})])
+  assert (d.what, d.torch_value) == ("param 'extra'", 'missing')  # was left out
   scalar = torch_replay.Record(
       0, None, True, True, {'s': np.array(1.0)}, {'s': np.array(2.0)}, {}, {}, {}, {}
   )

@@ -4,8 +4,8 @@
 
 As ``bootstrap_inf.py``: microbatch gradients ``GMEAN + N(0, I)`` in ``D``
 dimensions (a noise scale of ``1 / GMEAN**2`` microbatches), 32 seeds of 3,000
-microbatches through ``gnts(optax.sgd(0.0))``. Prints, after 200, 1,000 and
-2,999 microbatches, how many seeds read a finite noise scale and the median
+microbatches through ``gnts(optax.sgd(0.0))``. Prints, after 201, 1,001 and
+3,000 microbatches, how many seeds read a finite noise scale and the median
 and quartiles of those readings, then the median optimizer steps.
 """
 

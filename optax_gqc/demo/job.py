@@ -62,7 +62,10 @@ def ctrl_c_kept() -> Iterator[None]:
   (JAX runs one often while it traces), and the run went on as if no Ctrl-C
   had come: :func:`optax_gqc.demo.train.check_ctrl_c` raises it again.
   """
-  if threading.current_thread() is not threading.main_thread():  # signals reach that one alone
+  # Signals reach the main thread alone; an ignored SIGINT (a background job's) or a
+  # caller's own handler is left as it is.
+  main_thread = threading.current_thread() is threading.main_thread()
+  if not main_thread or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
     yield
     return
 
@@ -80,7 +83,13 @@ def ctrl_c_kept() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-  """Runs the demo; returns what it writes to ``results.json``."""
+  """Runs the demo; returns what it writes to ``results.json``.
+
+  On Ctrl-C it keeps the arms that finished and raises ``SystemExit(130)``.
+  XLA may then still be compiling in a thread of its own, and a process
+  that exits normally under it can crash: ``python -m optax_gqc.demo``
+  leaves with ``os._exit(130)``, and a script that calls this may do the same.
+  """
   with ctrl_c_kept():
     return _main(argv)
 
@@ -106,6 +115,7 @@ def _main(argv: Sequence[str] | None) -> dict[str, Any]:
   except KeyboardInterrupt:  # the arm cut short was never added
     interrupted = True
     runs = [r for r in runs if r['arms']]
+  cut_short = interrupted  # an arm, not a figure
   if not runs:
     print('interrupted: no arm finished, nothing written', file=sys.stderr)
     raise SystemExit(130)
@@ -167,7 +177,7 @@ def _main(argv: Sequence[str] | None) -> dict[str, Any]:
       f'time: {train_s:.0f} s training, {compile_s:.0f} s compiling (and the first evaluation): '
       f'{compile_s / max(train_s + compile_s, 1e-9):.0%} compiling; {total_s:.0f} s in all '
       '(the rest: reading the text, building the models, plotting'
-      f"{', the arm cut short' if interrupted else ''})"
+      f"{', the arm cut short' if cut_short else ''})"
   )
   print(f"wrote {', '.join(str(out / w) for w in written)}")
   if interrupted:

@@ -167,7 +167,15 @@ def to_torch(array: Any, device: torch.device | str | None = None) -> torch.Tens
     tensor([0., 1., 2.])
   """
   if isinstance(array, list | tuple):  # as jax.numpy.asarray takes it, and types it
-    array = jnp.asarray(array)
+    kind, given = type(array).__name__, np.asarray(array)
+    with np.errstate(over='ignore'):  # said below, in words
+      array = jnp.asarray(array)
+    if given.dtype.kind in 'fc' and bool(np.any(np.isfinite(given) & ~np.isfinite(array))):
+      raise OverflowError(
+          f'to_torch: the {kind} holds finite values beyond the largest '
+          f'{array.dtype} that JAX makes of it: they would become inf. Pass a NumPy array, '
+          'which keeps its dtype'
+      )
   (tensor,) = _copies_to_torch([array], device, 'to_torch', ['the array'])
   return tensor
 
@@ -448,7 +456,9 @@ def _narrowed(who: str, name: str, source: Any, dtype: Any) -> Any:
   info = torch.iinfo(dtype)
   values = source.to(torch.float64)
   if not bool(
-      (values == values.trunc()).all() & (values >= info.min).all() & (values <= info.max).all()
+      (values == values.trunc()).all()
+      & (values >= info.min).all()
+      & (values < float(info.max + 1)).all()
   ):
     raise ValueError(
         f'{who}: {name!r} holds values that {into}, {dtype}, cannot hold (fractions, or beyond '
@@ -484,8 +494,6 @@ def set_grads(module: _TensorSource, grads: Mapping[str, Any], *, accumulate: bo
       ``accumulate`` is not a bool.
     OverflowError: if finite values would become inf in the parameter's
       dtype (float32 or int32 values beyond float16's 65504).
-    ValueError: if an integer parameter cannot hold the values (fractions,
-      or values beyond its range).
 
   Example:
     >>> import jax.numpy as jnp, torch

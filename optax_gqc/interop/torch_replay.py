@@ -425,6 +425,8 @@ def first_divergence(
           label = t_name if t_name == o_name else f'{t_name}/{o_name}'
           return Divergence(r.index, f'{kind} {label!r}', t, o)
     if compare_params:
+      for name in r.optax_params.keys() - r.torch_params.keys():
+        return Divergence(r.index, f'param {name!r}', 'missing', 'present')
       for name, t in r.torch_params.items():
         if name not in r.optax_params:
           return Divergence(r.index, f'param {name!r}', 'present', 'missing')

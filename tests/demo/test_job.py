@@ -185,7 +185,9 @@ def test_ctrl_c_while_drawing_says_so_in_the_results(quick, tmp_path, monkeypatc
   main_exits_130(['--quick', '--no-progress', '--out', str(tmp_path)])
   saved = json.loads((tmp_path / 'results.json').read_text())
   assert saved['interrupted'] and 'seconds' in saved
-  assert 'curves.png not drawn' in capsys.readouterr().err
+  captured = capsys.readouterr()
+  assert 'curves.png not drawn' in captured.err
+  assert 'the arm cut short' not in captured.out  # every arm finished
 
 
 @pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
@@ -204,6 +206,13 @@ def test_a_ctrl_c_that_python_drops_is_raised_at_the_next_check():
       train.check_ctrl_c()
   train.check_ctrl_c()  # cleared on the way out, and the handler given back
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  # A background job's ignored SIGINT stays ignored (the demo died of the terminal's Ctrl-C).
+  previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    with job.ctrl_c_kept():
+      assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGINT, previous)
 
 
 def test_ctrl_c_while_compiling_exits_130_from_the_shell(tmp_path):
