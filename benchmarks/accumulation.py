@@ -172,7 +172,7 @@ def evaluate_gate_targets(gate_results: dict[str, dict[str, float]], param_bytes
   extra_temp = max(r['temp_bytes'] - base_temp for r in gate_results.values())
   return {
       'every gate <= 1.05x the norm gate': worst <= 1.05,
-      'no gate adds a param-sized temporary': extra_temp < param_bytes,
+      'no gate adds a param-sized temporary': extra_temp < PARAM_SIZED * param_bytes,
   }
 
 

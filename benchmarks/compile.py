@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import optax
 from _common import hlo_size
 from _report import add_json_argument, finish, positive_int, print_targets
+from jax.experimental.compilation_cache import compilation_cache
 
 import optax_gqc
 from optax_gqc._numerics import kept_cond, sq_norm
@@ -327,12 +328,16 @@ def main(argv: list[str] | None = None) -> int:
   if any(n < 2 or n % 2 for n in args.leaves):
     parser.error('--leaves: each must be an even number >= 2 (a weight and a bias per layer)')
 
+  # Compile every time. JAX decides on its persistent cache at a process's first compile
+  # and keeps to it: reset, the next compile decides again, with the flag off.
   cache = jax.config.jax_enable_compilation_cache
-  jax.config.update('jax_enable_compilation_cache', False)  # compile every time
+  jax.config.update('jax_enable_compilation_cache', False)
+  compilation_cache.reset_cache()
   try:
     results = measure(list(LABELS), args.leaves, args.rounds)
   finally:
     jax.config.update('jax_enable_compilation_cache', cache)
+    compilation_cache.reset_cache()
   print(
       f'an MLP of width {WIDTH}, {jax.devices()[0].platform}, median of {args.rounds} rounds, '
       'each a fresh trace and compile'

@@ -78,7 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
       '--rounds', type=positive_int, default=4, help='timed rounds; the median counts'
   )
   parser.add_argument(
-      '--warmup', type=non_negative_int, default=2, help='microbatches before timing'
+      '--warmup',
+      type=non_negative_int,
+      default=None,
+      help='microbatches before timing (default: --every, so that each candidate has stepped)',
   )
   parser.add_argument(
       '--cycles', type=positive_int, default=1, help='steps per candidate per round'
@@ -319,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
   )
   runners = make_runners(cfg, args.every, args.breakdown)
   calls = args.cycles * args.every
+  if args.warmup is None:  # torch's AdamW makes its state, and the cond's step branch first runs
+    args.warmup = args.every
   times = measure(runners, args.rounds, calls, warmup=args.warmup, settle=args.settle)
   microbatches = args.warmup + args.rounds * calls
   steps = {name: runner.num_steps(microbatches) for name, runner in runners.items()}
@@ -359,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
       'params': cfg.num_params(),
       'threads': threads,
       'ms_per_microbatch': ms,
-      'seconds_per_round': times,
+      'seconds_per_microbatch': times,  # each round's
       'steps': steps,
       'microbatches': microbatches,
   }
