@@ -222,25 +222,29 @@ def test_ctrl_c_while_compiling_exits_130_from_the_shell(tmp_path):
   # crashed under it: exit 139, "Segmentation fault".
   argv = ['--quick', '--no-progress', '--arms', 'critical', '--out', str(tmp_path)]
   env = {k: v for k, v in os.environ.items() if 'CACHE' not in k}  # compiled afresh, not read
-  proc = subprocess.Popen(
-      [sys.executable, '-m', 'optax_gqc.demo', *argv],
+  # python -m optax_gqc.demo, with Ctrl-C as in a terminal: a background job (CI's) starts
+  # with SIGINT ignored.
+  run = (
+      'import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); '
+      f"sys.argv = ['demo', *{argv!r}]; runpy.run_module('optax_gqc.demo', run_name='__main__')"
+  )
+  with subprocess.Popen(
+      [sys.executable, '-c', run],
       env=env,
-      # Ctrl-C as in a terminal: a background job (CI's) starts with SIGINT ignored.
-      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
       stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE,
       text=True,
-  )
-  try:
-    for line in proc.stderr:  # the compile starts
-      if 'compiling' in line:
-        break
-    time.sleep(1.0)  # past the trace, into XLA's compile (about 2 s here)
-    os.kill(proc.pid, signal.SIGINT)
-    err = proc.stderr.read()
-    assert proc.wait(timeout=120) == 130, err
-  finally:
-    proc.kill()
+  ) as proc:
+    try:
+      for line in proc.stderr:  # the compile starts
+        if 'compiling' in line:
+          break
+      time.sleep(1.0)  # past the trace, into XLA's compile (about 2 s here)
+      os.kill(proc.pid, signal.SIGINT)
+      err = proc.stderr.read()
+      assert proc.wait(timeout=120) == 130, err
+    finally:
+      proc.kill()
   assert 'interrupted' in err
 
 
