@@ -607,6 +607,8 @@ def update_and_apply(
     grads: the gradients of one microbatch, like ``params``.
     opt_state: ``tx``'s state.
     params: the parameters.
+    *loss: nothing: a loss given by position (torch's ``step(loss)``) raises
+      a :class:`TypeError` that says to pass ``value=loss``.
     **extra_args: extra keyword arguments of ``update`` (e.g. ``value=loss``).
 
   Returns:

@@ -289,8 +289,19 @@ def noise_ratio_accumulation(
   microbatch norms. The port of torch-gqc's ``OptimizerWrapperGNS``, also
   available as :func:`optax_gqc.gns`, torch-gqc's name. Despite that name it
   is not McCandlish's gradient noise scale; for that, read
-  ``statistics(state)['noise_scale']`` of any accumulation. Other arguments
-  as in :func:`gnts`.
+  ``statistics(state)['noise_scale']`` of any accumulation.
+
+  The engine's arguments (``max_draws``, ``microbatch_size``, ...) are as in
+  :func:`gnts`.
+
+  Args:
+    inner: the optimizer, stepped on the mean gradient.
+    tolerance: the gate's bound on the spread of the microbatch norms,
+      constant or a schedule of the microbatch count (see
+      :func:`optax_gqc.gates.noise_ratio_below`).
+
+  Returns:
+    An :class:`AccumulationTransformation`.
 
   Example:
     >>> import optax, optax_gqc
@@ -331,9 +342,22 @@ def mht(
   ``accumulate(inner, gates.loss_interval(confidence, percent_error, decay=decay))``:
   call ``update(grads, state, params, value=loss)`` with each microbatch's
   loss; see :func:`optax_gqc.gates.loss_interval`. The port of torch-gqc's
-  ``OptimizerWrapperMHT``. Other arguments as in :func:`gnts`. Inside
-  ``jax.shard_map``, pass the loss averaged across the devices
-  (``jax.lax.pmean``), so that they all decide alike.
+  ``OptimizerWrapperMHT``. Inside ``jax.shard_map``, pass the loss averaged
+  across the devices (``jax.lax.pmean``), so that they all decide alike.
+
+  The engine's arguments (``max_draws``, ``microbatch_size``, ...) are as in
+  :func:`gnts`.
+
+  Args:
+    inner: the optimizer, stepped on the mean gradient.
+    confidence: the interval's confidence in [0, 1), constant or a schedule.
+    percent_error: its allowed half-width relative to the mean loss, >= 0;
+      constant or a schedule.
+    decay: the loss EMA's decay; torch-gqc's ``update_beta`` is ``1 - decay``.
+
+  Returns:
+    An :class:`AccumulationTransformation`, whose ``update`` takes
+    ``value=loss``.
 
   Example:
     >>> import jax.numpy as jnp, optax, optax_gqc
@@ -372,7 +396,17 @@ def norm_test_accumulation(
   ``accumulate(inner, gates.relative_error_below(eta))``: steps when the estimated
   variance of the mean gradient is at most ``eta**2`` times its squared norm,
   with the microbatches as the sample; see :func:`optax_gqc.gates.relative_error_below`.
-  Other arguments as in :func:`gnts`.
+
+  The engine's arguments (``max_draws``, ``microbatch_size``, ...) are as in
+  :func:`gnts`.
+
+  Args:
+    inner: the optimizer, stepped on the mean gradient.
+    eta: the test's bound on the mean gradient's relative error, > 0;
+      constant or a schedule.
+
+  Returns:
+    An :class:`AccumulationTransformation`.
 
   Example:
     >>> import optax, optax_gqc

@@ -686,6 +686,10 @@ def gnts_with_cosine_schedule_conventional_lr(
   stays at ``weight_decay`` (torch's ``AdamW`` default, 0.01, by default;
   None for an optimizer without one). Arguments as in
   :func:`gnts_with_cosine_schedule`.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`, called once per microbatch, as
+    :func:`gnts_with_cosine_schedule` returns.
   """
   run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   thresholds = (initial_threshold, final_threshold, warmup_multiplier)
@@ -762,6 +766,10 @@ def gnr_with_cosine_schedule_conventional_lr(
   norm follows :func:`gnr_with_cosine_schedule`; the weight decay stays at
   ``weight_decay`` (0.01 by default; None for an optimizer without one).
   Arguments as in :func:`gnr_with_cosine_schedule`.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`, called once per microbatch, as
+    :func:`gnr_with_cosine_schedule` returns.
   """
   run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   norms = (initial_norm, final_norm)
@@ -866,6 +874,10 @@ def sbc_with_polynomial_schedule_conventional_lr(
   logical batch follows :func:`sbc_with_polynomial_schedule`; the weight decay
   stays at ``weight_decay`` (0.01 by default; None for an optimizer without
   one). Arguments as in :func:`sbc_with_polynomial_schedule`.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`, called once per microbatch, as
+    :func:`sbc_with_polynomial_schedule` returns.
   """
   run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   batch_sizes = (initial_batch_size, final_batch_size, power)
@@ -980,6 +992,10 @@ def gns_default(
   factory keeps) to ``tolerance`` over the warmup, then stays; the weight
   decay stays at ``weight_decay``. Arguments as in
   :func:`gns_with_cosine_schedule`.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`, called once per microbatch, as
+    :func:`gns_with_cosine_schedule` returns.
   """
   run = _run(total_microbatches, warmup_microbatches, total_steps, warmup_steps, optimizer_kwargs)
   engine = _engine(

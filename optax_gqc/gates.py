@@ -89,22 +89,16 @@ class Gate(NamedTuple):
   microbatches at which one of them was out of its domain; it then stays
   closed. :func:`optax_gqc.statistics` reports the total over the engine
   and all its gates under that one name: 0 in a healthy run.
-
-  Attributes:
-    init: ``() -> gate_state``, the dict above.
-    update: ``(stats, gate_state, **extra_args) -> (step, gate_state)`` with
-      ``stats`` a :class:`DrawStats` and ``step`` a boolean scalar. The
-      engine casts an entry returned in another float (or integer) dtype back
-      to ``init``'s (a float64 hyperparameter under x64 promotes it); another
-      structure, shape or kind of dtype raises.
-    microbatch_size: examples per microbatch, for a gate that counts
-      examples (:func:`~optax_gqc.gates.batch_size_at_least`,
-      :func:`~optax_gqc.gates.critical_batch`); None otherwise.
-      :func:`optax_gqc.accumulate` reads it, so that it is given once.
   """
 
-  init: Callable[[], Any]
+  init: Callable[[], Any]  # () -> gate_state, the dict above.
+  # (stats, gate_state, **extra_args) -> (step, gate_state), with stats a DrawStats
+  # and step a boolean scalar. The engine casts an entry returned in another float
+  # (or integer) dtype back to init's (a float64 hyperparameter under x64 promotes
+  # it); another structure, shape or kind of dtype raises.
   update: Callable[..., tuple[jax.Array, Any]]
+  # Examples per microbatch, for a gate that counts examples (batch_size_at_least,
+  # critical_batch); None otherwise. accumulate reads it, so that it is given once.
   microbatch_size: int | None = None
 
 
@@ -800,10 +794,33 @@ def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
 
 
 def any_of(*gates: Gate) -> Gate:
-  """Steps when any of ``gates`` opens. Every gate still updates its state."""
+  """Steps when any of ``gates`` opens. Every gate still updates its state.
+
+  Args:
+    *gates: one or more gates; those that count examples must agree on the
+      microbatch size.
+
+  Returns:
+    A gate whose state is the tuple of ``gates``' states, in order.
+
+  Raises:
+    ValueError: if no gate is given, or two give different microbatch sizes.
+    TypeError: if an argument is not a :class:`Gate`.
+  """
   return _combine(gates, jnp.any, 'any_of')
 
 
 def all_of(*gates: Gate) -> Gate:
-  """Steps when all of ``gates`` open. Every gate still updates its state."""
+  """Steps when all of ``gates`` open. Every gate still updates its state.
+
+  Args:
+    *gates: one or more gates, as :func:`any_of` takes them.
+
+  Returns:
+    A gate whose state is the tuple of ``gates``' states, in order.
+
+  Raises:
+    ValueError: if no gate is given, or two give different microbatch sizes.
+    TypeError: if an argument is not a :class:`Gate`.
+  """
   return _combine(gates, jnp.all, 'all_of')

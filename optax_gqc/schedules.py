@@ -138,6 +138,13 @@ def constant_with_warmup(value: float, warmup_steps: int) -> optax.Schedule:
   """Linear warmup from 0 to ``value`` over ``warmup_steps``, then constant.
 
   Mirrors torch-schedule-anything's ``constant_with_warmup``.
+
+  Args:
+    value: the value after the warmup.
+    warmup_steps: length of the warmup, in microbatches (0: none).
+
+  Returns:
+    A schedule, a function of the step count.
   """
   _checks.check_count('warmup_steps', warmup_steps, int32=True)
   _check_values(value=value)
@@ -150,6 +157,14 @@ def constant_with_inverse_warmup(
   """Linear from ``warmup_multiplier * value`` down to ``value``, then constant.
 
   Mirrors torch-schedule-anything's ``constant_with_inverse_warmup``.
+
+  Args:
+    value: the value after the warmup.
+    warmup_steps: length of the warmup, in microbatches (0: none).
+    warmup_multiplier: the warmup starts at this times ``value``; >= 0.
+
+  Returns:
+    A schedule, a function of the step count.
   """
   _checks.check_count('warmup_steps', warmup_steps, int32=True)
   _check_values(value=value)
@@ -198,6 +213,16 @@ def cosine_with_inverse_warmup(
   Mirrors torch-schedule-anything's ``cosine_annealing_with_inverse_warmup``
   (clamped). GNTS thresholds start high so that early training, where the
   gradient is mostly signal, steps on every microbatch.
+
+  Args:
+    peak_value: value at the end of the warmup.
+    end_value: value at ``total_steps`` and after.
+    warmup_steps: length of the warmup, in microbatches.
+    total_steps: step at which the anneal ends.
+    warmup_multiplier: the warmup starts at this times ``peak_value``; >= 0.
+
+  Returns:
+    A schedule, a function of the step count.
   """
   _check_steps(warmup_steps, total_steps)
   _check_values(peak_value=peak_value, end_value=end_value)
@@ -215,6 +240,17 @@ def polynomial_with_warmup(
   """Linear warmup to ``peak_value``, then ``end + (peak - end) (1 - p)^power``.
 
   Mirrors torch-schedule-anything's ``polynomial_schedule_with_warmup`` (clamped).
+
+  Args:
+    peak_value: value at the end of the warmup.
+    end_value: value at ``total_steps`` and after.
+    warmup_steps: length of the warmup, in microbatches.
+    total_steps: step at which the anneal ends.
+    power: the anneal's exponent, ``p`` the progress from 0 to 1 after the
+      warmup.
+
+  Returns:
+    A schedule, a function of the step count.
   """
   _check_steps(warmup_steps, total_steps)
   _check_values(peak_value=peak_value, end_value=end_value)
@@ -236,6 +272,17 @@ def polynomial_with_inverse_warmup(
 
   Mirrors torch-schedule-anything's ``polynomial_schedule_with_inverse_warmup``
   (clamped).
+
+  Args:
+    peak_value: value at the end of the warmup.
+    end_value: value at ``total_steps`` and after.
+    warmup_steps: length of the warmup, in microbatches.
+    total_steps: step at which the anneal ends.
+    power: the anneal's exponent, as in :func:`polynomial_with_warmup`.
+    warmup_multiplier: the warmup starts at this times ``peak_value``; >= 0.
+
+  Returns:
+    A schedule, a function of the step count.
   """
   _check_steps(warmup_steps, total_steps)
   _check_values(peak_value=peak_value, end_value=end_value)

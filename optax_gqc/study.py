@@ -79,10 +79,17 @@ Arm = Callable[[optax.GradientTransformation], Any]
 def lr_schedule(peak: Any, count: int, warmup: float = 0.05, final: float = 0.1) -> optax.Schedule:
   """Linear warmup over ``warmup`` of ``count`` microbatches, then a cosine to ``final * peak``.
 
-  The warmup is at least one microbatch where ``warmup > 0``, and none at 0.
-
   A schedule of the microbatch count (tokens), the same for every arm.
-  ``peak`` may be traced.
+
+  Args:
+    peak: the peak learning rate, > 0 and finite; it may be traced.
+    count: the microbatches in the run: the cosine ends there.
+    warmup: the share of the run in warmup, in [0, 1): at least one
+      microbatch where it is > 0, and none at 0.
+    final: the rate at the end, as a fraction of ``peak``, >= 0.
+
+  Returns:
+    A schedule, a function of the microbatch count.
   """
   _checks.check_positive_int('count', count)
   _checks.check_positive('peak', peak, finite=True)  # a traced one passes
@@ -94,7 +101,14 @@ def lr_schedule(peak: Any, count: int, warmup: float = 0.05, final: float = 0.1)
 
 
 def fixed_batch(k: Any) -> Arm:
-  """The frontier's arm: a step on the mean of every ``k`` microbatches (``k`` may be traced)."""
+  """The frontier's arm: a step on the mean of every ``k`` microbatches.
+
+  Args:
+    k: microbatches per step, >= 1; it may be traced.
+
+  Returns:
+    An arm: a function of the inner optimizer that returns the accumulation.
+  """
   _checks.check_positive_int('k', k)  # a traced one passes
   return lambda inner: accumulate(
       inner, gates.from_function(lambda s: s.num_draws >= k), max_draws=None
@@ -582,6 +596,14 @@ def _fmt(x: float | None, spec: str = '+.3f') -> str:
 
 def table(result: Mapping[str, Any], title: str = '') -> list[str]:
   """The study as text: the frontier per seed, then one line per adaptive arm.
+
+  Args:
+    result: what :func:`frontier_study` or :func:`merge` returned (or its
+      JSON, loaded).
+    title: a first line, if given.
+
+  Returns:
+    The lines, without line ends.
 
   Margins are in the loss's units (nats for a cross entropy): the frontier's
   loss at the arm's step count minus the arm's, so positive is better than a

@@ -64,8 +64,15 @@ def _field_comment(app, what, name, obj, options, lines):
   except (AttributeError, KeyError, OSError, TypeError):
     return
   found = re.search(rf'^\s+{re.escape(rest)}\s*:[^#\n]*#\s*(.+)$', source, re.MULTILINE)
+  if found:
+    text = found.group(1)
+  else:  # a comment block on the lines just above the field
+    above = re.search(rf'((?:^[ \t]+#.*\n)+)[ \t]+{re.escape(rest)}\s*:', source, re.MULTILINE)
+    text = (
+        ' '.join(re.sub(r'^\s*#\s?', '', c) for c in above.group(1).splitlines()) if above else ''
+    )
   # A comment is plain text, not reStructuredText: |G|^2 is no substitution.
-  lines[:] = [re.sub(r'([\\`*_|<>\[\]])', r'\\\1', found.group(1))] if found else []
+  lines[:] = [re.sub(r'([\\`*_|<>\[\]])', r'\\\1', text)] if text else []
 
 
 @functools.cache

@@ -48,6 +48,8 @@ def update(
     optimizer: an ``nnx.Optimizer`` built on ``model``.
     model: the model whose parameters ``optimizer`` updates.
     grads: the gradients of one microbatch, e.g. from ``nnx.grad(loss_fn)(model)``.
+    *loss: nothing: a loss given by position raises a :class:`TypeError` that
+      says to pass ``value=loss``.
     **extra_args: extra keyword arguments of ``tx.update`` (e.g. ``value=loss``
       for :func:`optax_gqc.mht`).
 

@@ -198,7 +198,16 @@ def _native(a: np.ndarray | np.generic) -> np.ndarray | np.generic:
 
 
 def tree_to_torch(tree: Any, device: torch.device | str | None = None) -> Any:
-  """Applies :func:`to_torch` to every leaf of a pytree (and waits once, on a GPU)."""
+  """Applies :func:`to_torch` to every leaf of a pytree (and waits once, on a GPU).
+
+  Args:
+    tree: a pytree of arrays, as :func:`to_torch` takes each.
+    device: where every tensor goes; by default, where DLPack puts each leaf
+      (its array's device).
+
+  Returns:
+    The pytree of :class:`torch.Tensor` copies, in the same structure.
+  """
   paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
   names = [f'the leaf {jax.tree_util.keystr(path)}' for path, _ in paths]
   copies = _copies_to_torch([leaf for _, leaf in paths], device, 'tree_to_torch', names)

@@ -52,16 +52,16 @@ class Record(NamedTuple):
   ``optax.tree.get(state, 'hyperparams')``).
   """
 
-  index: int
-  loss: float | None
-  torch_stepped: bool
-  optax_stepped: bool
-  torch_params: dict[str, np.ndarray]
-  optax_params: dict[str, np.ndarray]
-  torch_stats: dict[str, Any]
-  optax_stats: dict[str, Any]
-  torch_hyperparams: dict[str, float]
-  optax_hyperparams: dict[str, float]
+  index: int  # the microbatch, from 0
+  loss: float | None  # its loss, when replay was given losses
+  torch_stepped: bool  # whether torch's optimizer stepped on it
+  optax_stepped: bool  # whether ours did (its num_steps grew)
+  torch_params: dict[str, np.ndarray]  # torch's parameters after it
+  optax_params: dict[str, np.ndarray]  # ours after it
+  torch_stats: dict[str, Any]  # torch-gqc's statistics() after it
+  optax_stats: dict[str, Any]  # optax_gqc.statistics after it
+  torch_hyperparams: dict[str, float]  # the first param group's scalars it was processed with
+  optax_hyperparams: dict[str, float]  # the injected hyperparameters it was processed with
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -328,8 +328,8 @@ class Divergence(NamedTuple):
 
   index: int  # the microbatch
   what: str  # 'step', "stat 'num_draws'", "hyperparam 'lr'", "param 'w'[2, 0]"
-  torch_value: Any
-  optax_value: Any
+  torch_value: Any  # torch's side there
+  optax_value: Any  # ours
 
   def __str__(self) -> str:
     return (
