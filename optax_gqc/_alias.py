@@ -432,7 +432,12 @@ def gnr(
 
   ``optax.chain(scale_to_norm(target), inner)``: steps every microbatch, with
   a gradient of global norm ``target(t)``. The port of torch-gqc's
-  ``OptimizerWrapperGNR``.
+  ``OptimizerWrapperGNR``. The inner state keeps the dtypes ``inner`` gives
+  it alone: ``optax.adam`` with bfloat16 params and float32 gradients makes
+  its moments float32 at the first update, which retraces ``jax.jit`` and
+  breaks a ``lax.scan`` carry; the GNR recipes
+  (:func:`gnr_with_cosine_schedule`) cast it back to ``init``'s dtypes, as
+  the accumulations do.
 
   Args:
     inner: the optimizer.

@@ -41,6 +41,12 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
   the target norm, and a zero gradient gives an exact zero update), and
   reports the norm and the target in its state, for logging.
 
+  The norm and the scale are float32 (complex64), whatever the gradients'
+  dtype, as the accumulation's norms are: float64 gradients come out at the
+  target to float32's accuracy (about 1e-8 relative), and a float64 gradient
+  whose norm is beyond float32's range (above about 3e38, or every entry
+  below about 1e-45) gives a zero update, its ``grad_norm`` reading inf or 0.
+
   Args:
     target: the global L2 norm of the output, constant or a schedule of the
       update count.
