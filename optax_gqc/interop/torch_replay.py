@@ -240,7 +240,9 @@ def replay(
     _check_same_names(f'replay: microbatch {index}', params, grads)
     # The same values to both sides: in the parameter's dtype, as torch's .grad must be.
     grads = {
-        k: _as_param_dtype(_to_jax_array(grads[k], f'microbatch {index}[{k!r}]'), jax_params[k])
+        k: _as_param_dtype(
+            _to_jax_array(grads[k], f'microbatch {index}[{k!r}]'), jax_params[k], index, k
+        )
         for k in names
     }
 
@@ -288,15 +290,16 @@ def _to_jax_array(value: Any, what: str) -> jax.Array:
   return to_jax(value) if isinstance(value, torch.Tensor) else jnp.array(value)
 
 
-def _as_param_dtype(grad: jax.Array, param: jax.Array) -> jax.Array:
+def _as_param_dtype(grad: jax.Array, param: jax.Array, index: int, name: str) -> jax.Array:
   """``grad`` in ``param``'s dtype; refused where finite values would become inf."""
   cast = grad.astype(param.dtype)
   if jnp.issubdtype(param.dtype, jnp.inexact) and bool(
       jnp.any(jnp.isfinite(grad) & ~jnp.isfinite(cast))
   ):
     raise OverflowError(
-        f'replay: a gradient holds finite values beyond the largest {param.dtype} of its '
-        'parameter: they would become inf on both sides. Scale them first'
+        f'replay: microbatch {index}[{name!r}] holds finite values beyond the largest '
+        f"{param.dtype}, its parameter's dtype: they would become inf on both sides. Scale "
+        'them first'
     )
   return cast
 
