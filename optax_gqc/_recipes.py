@@ -145,16 +145,15 @@ def schedule_by_microbatch(
 
   def scheduled(state):
     check_state(state)
+    own = functools.cache(lambda: jax.eval_shape(tx.init, state.accumulator))  # traced once
     values = {}
     for name, schedule in schedules.items():
       found = optax.tree.get_all_with_path(state.inner_state, name)
       if any(isinstance(value, float | int) for _, value in found):
         # A Python number written with optax.tree.set, overwritten below in init's dtype.
-        own = jax.eval_shape(tx.init, state.accumulator).inner_state
-        found = optax.tree.get_all_with_path(own, name)
+        found = optax.tree.get_all_with_path(own().inner_state, name)
       if not found:
-        own = jax.eval_shape(tx.init, state.accumulator)
-        if jax.tree.structure(state) != jax.tree.structure(own):
+        if jax.tree.structure(state) != jax.tree.structure(own()):
           return state  # not this transformation's state: the engine's check says what it is
         if name in dict(gate_entries(state.gate_state)):
           raise ValueError(
