@@ -196,9 +196,20 @@ def _check_scale_by_draws(scale_by_draws: Any) -> None:
   _checks.check_takes_one_argument('scale_by_draws', scale_by_draws, 'n', fix)
 
 
-def _scale(scale_by_draws: Any, n: jax.Array) -> jax.Array:
-  """``scale_by_draws(n)``, raising at trace time unless it is a real scalar."""
-  scale = scale_by_draws(n)
+def _scale(scale_by_draws: Any, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``scale_by_draws(n)`` and whether it is NaN, infinite or negative (then 0).
+
+  Raises at trace time unless it is a real scalar. A bad factor would write
+  inf or NaN into the parameters, or reverse the step: it gives a zero update.
+  """
+  try:
+    scale = scale_by_draws(n)
+  except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError) as e:
+    raise TypeError(
+        'scale_by_draws must be a function that JAX can trace, of n an int32 array: it '
+        f'called NumPy or Python math on it ({type(e).__name__}). Use jnp.sqrt, not np.sqrt or '
+        'math.sqrt'
+    ) from e
   if not _checks.is_number(scale) or np.iscomplexobj(scale) or jnp.ndim(scale) != 0:
     got = (
         f'an array of shape {jnp.shape(scale)} of {jnp.result_type(scale)}'
@@ -209,7 +220,8 @@ def _scale(scale_by_draws: Any, n: jax.Array) -> jax.Array:
         f'scale_by_draws must return a real scalar, a factor for the whole step, but it '
         f'returned {got}: pass a function of n such as jnp.sqrt'
     )
-  return scale
+  bad = ~(jnp.isfinite(scale) & (scale >= 0))
+  return jnp.where(bad, jnp.zeros_like(scale), scale), bad
 
 
 def accumulate(
@@ -287,7 +299,9 @@ def accumulate(
       returns the scalar by which the inner updates are multiplied at a step
       that averaged :math:`n` microbatches: the step then follows the batch.
       ``jnp.sqrt`` is the usual rule for Adam-like optimizers, ``lambda n: n``
-      for SGD.
+      for SGD. A factor that comes out NaN, infinite or negative (``1 / (n -
+      1)`` at :math:`n = 1`) gives a zero update, and the step counts in
+      ``num_bad_hyperparams``.
     axis_name: inside ``jax.shard_map``, the mapped axis (or tuple of axes)
       over which the *parameters* are sharded, as in FSDP: every squared norm
       the gate and the noise scale read is summed across it, so every device
@@ -423,13 +437,16 @@ def accumulate(
     # buffers are operands, not closures, so XLA updates them in place and
     # copies nothing; the scalars after it read the decision back from the
     # cond (`stepped`, equal to `step`) rather than recompute the gate's.
+    scale, bad_scale = (None, False) if scale_by_draws is None else _scale(
+        scale_by_draws, stats.num_draws
+    )
     do_step, do_accumulate = _branches(
-        inner, extra_args, scale_by_draws, stats.num_draws, updates, state, params, apply
+        inner, extra_args, scale, stats.num_draws, updates, state, params, apply
     )
     out, inner_state, stepped = jax.lax.cond(
         step, do_step, do_accumulate, accumulator, state.inner_state, params
     )
-    new_state = _count(state, stats, ok, stepped, forced, max_draws, noise_decay)
+    new_state = _count(state, stats, ok, stepped, forced, max_draws, noise_decay, bad_scale)
     new_state = new_state._replace(gate_state=optax.tree.where(ok, gate_state, state.gate_state))
     if isinstance(microbatch_size, jax.Array):  # injected: it may change between updates
       new_state = new_state._replace(microbatch_size=jnp.asarray(microbatch_size, jnp.int32))
@@ -495,13 +512,14 @@ def _mean_as(acc: jax.Array, n: jax.Array, dtype: Any) -> jax.Array:
   return mean.astype(dtype)
 
 
-def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, apply):
+def _branches(inner, extra_args, scale, n, updates, state, params, apply):
   """The cond's two branches: step the inner optimizer on the mean, or pass through.
 
   Each takes ``(accumulator, inner_state, params)`` and returns ``(out,
   inner_state, stepped)``, where ``out`` is the updates, or with ``apply`` the
-  new params. The inner state keeps the dtypes of init (bf16 params may give
-  float32 moments), as ``optax.MultiSteps`` does, so both branches agree.
+  new params, the step's multiplied by ``scale`` unless it is None. The inner
+  state keeps the dtypes of init (bf16 params may give float32 moments), as
+  ``optax.MultiSteps`` does, so both branches agree.
   """
   grad_dtypes = jax.tree.map(lambda g: g.dtype, updates)
   # The zero updates take the shapes do_step records as lax.cond traces it,
@@ -515,8 +533,7 @@ def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, appl
     new_state = optax.tree.cast_like(new_state, inner_state)
     # Without it, XLA:GPU turns the cond into selects and steps on every microbatch.
     stepped = kept_cond(jnp.asarray(True))
-    if scale_by_draws is not None:
-      scale = _scale(scale_by_draws, n)
+    if scale is not None:
       new_updates = jax.tree.map(lambda u: (u * scale).astype(u.dtype), new_updates)
     if apply:
       # n < 0 is a zero the compiler cannot see: see _numerics.rounded.
@@ -541,7 +558,9 @@ def _branches(inner, extra_args, scale_by_draws, n, updates, state, params, appl
   return do_step, do_accumulate
 
 
-def _count(state, stats, ok, stepped, forced, max_draws, noise_decay) -> AccumulateState:
+def _count(
+    state, stats, ok, stepped, forced, max_draws, noise_decay, bad_scale
+) -> AccumulateState:
   """The new counters, running sums and noise scale; the buffers as they were."""
   n = stats.num_draws
 
@@ -564,7 +583,9 @@ def _count(state, stats, ok, stepped, forced, max_draws, noise_decay) -> Accumul
       num_steps=count_if(state.num_steps, stepped),
       num_skipped=count_if(state.num_skipped, ~ok),
       num_forced=count_if(state.num_forced, forced),
-      num_bad_hyperparams=count_if(state.num_bad_hyperparams, ok & ~(draws_ok & decay_ok)),
+      num_bad_hyperparams=count_if(
+          state.num_bad_hyperparams, ok & ~(draws_ok & decay_ok) | stepped & bad_scale
+      ),
       last_num_draws=pick(n, state.last_num_draws, state.last_num_draws),
       last_grad_norm=pick(stats.acc_norm, state.last_grad_norm, state.last_grad_norm),
       sum_sq_norms=pick(zero_f, stats.sum_sq_norms, state.sum_sq_norms),

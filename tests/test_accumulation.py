@@ -2,6 +2,7 @@
 
 import copy
 import functools
+import math
 from typing import NamedTuple
 
 import chex
@@ -825,6 +826,51 @@ def test_an_inner_optimizer_with_params_of_its_own_keeps_working():
   params = optax.LookaheadParams(fast, fast)
   updates, state = jax.jit(tx.update)({'w': jnp.ones(3)}, state, params)
   np.testing.assert_allclose(updates.fast['w'], -0.1)
+
+
+@pytest.mark.parametrize('apply', [False, True], ids=['optax_path', 'fused'])
+def test_a_bad_scale_by_draws_gives_a_zero_update_and_is_counted(apply):
+  # inf at n = 1, NaN at n = 2, negative at n = 3: each would corrupt the
+  # params or reverse the step.
+  def rule(n):
+    return jnp.select([n == 1, n == 2, n == 3], [jnp.inf, jnp.nan, -1.0], 1.0)
+
+  tx = optax_gqc.accumulate(
+      optax.sgd(0.1), gates.norm_below(1.5), max_draws=3, scale_by_draws=rule
+  )
+  params = {'w': jnp.ones(3)}
+  state = tx.init(params)
+
+  def optax_path(grads, state, params):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  step = jax.jit(functools.partial(optax_gqc.update_and_apply, tx) if apply else optax_path)
+  draws = []
+  for g in [0.5, 2.0, -1.5, 2.0, 2.0, 2.0]:  # steps after 1, 2 and 3 (forced) microbatches
+    params, state = step({'w': jnp.full(3, g)}, state, params)
+    draws.append(int(state.last_num_draws))
+  assert draws == [1, 1, 2, 2, 2, 3]
+  np.testing.assert_array_equal(params['w'], 1.0)
+  assert int(state.num_bad_hyperparams) == 3
+
+
+def test_a_good_scale_by_draws_is_not_counted():
+  tx = optax_gqc.sbc(optax.sgd(0.1), 2, 1, scale_by_draws=jnp.sqrt)
+  params = {'w': jnp.ones(3)}
+  state = tx.init(params)
+  for _ in range(4):
+    updates, state = jax.jit(tx.update)({'w': jnp.ones(3)}, state, params)
+  np.testing.assert_allclose(updates['w'], -0.1 * np.sqrt(2), rtol=1e-6)
+  assert int(state.num_bad_hyperparams) == 0
+
+
+@pytest.mark.parametrize('rule', [np.sqrt, math.sqrt], ids=['numpy', 'math'])
+def test_a_scale_by_draws_jax_cannot_trace_names_the_argument(rule):
+  tx = optax_gqc.sbc(optax.sgd(0.1), 2, 1, scale_by_draws=rule)
+  params = {'w': jnp.ones(3)}
+  with pytest.raises(TypeError, match='scale_by_draws must be a function that JAX can trace'):
+    jax.jit(tx.update)({'w': jnp.ones(3)}, tx.init(params), params)
 
 
 def test_scale_by_draws_may_read_the_mapped_axis():
