@@ -234,7 +234,7 @@ def sbc(
       None (the default) for no limit. With a constant
       ``logical_batch_size`` it must be at least
       ``ceil(logical_batch_size / microbatch_size)``. With no limit, a
-      schedule that returns NaN or a negative value keeps the gate closed,
+      schedule that returns NaN, inf or a negative value keeps the gate closed,
       so no step is taken until it returns a valid value again (for good, if
       it never does); only ``num_bad_hyperparams`` in :func:`statistics`
       shows it. Log it, or pass a ``max_draws`` so that such a stretch still

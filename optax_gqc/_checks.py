@@ -219,17 +219,11 @@ def check_draws_reach_batch(
 ) -> None:
   """Raises if ``max_draws`` would force every step before a constant batch is reached.
 
-  Or if no step would ever come: an infinite batch and no ``max_draws``.
   Schedules and traced values pass: their largest value is not known here.
   """
   if callable(logical_batch_size):
     return
   size = concrete_float(name, logical_batch_size)
-  if size is not None and math.isinf(size) and max_draws is None:
-    raise ValueError(
-        f'{name} is inf and max_draws is None: no step would ever be taken. Pass a finite '
-        f'{name}, or max_draws to step every max_draws microbatches'
-    )
   if max_draws is None or size is None or math.isinf(size):
     return
   if isinstance(max_draws, jax.core.Tracer) or isinstance(microbatch_size, jax.core.Tracer):

@@ -14,6 +14,7 @@ step (counted in ``num_forced``), and the gate counts the microbatch in
 ``num_bad_hyperparams``. A constant out of its domain raises at construction.
 """
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -164,9 +165,13 @@ def _no_bad() -> jax.Array:
 
 
 def _scheduled_gate(
-    name: str, hyperparam: optax.ScalarOrSchedule, rule, also_bad: jax.Array | None = None
+    name: str,
+    hyperparam: optax.ScalarOrSchedule,
+    rule,
+    also_bad: jax.Array | None = None,
+    high: float | None = None,
 ) -> Gate:
-  """A gate with one scheduled hyperparameter >= 0, reported under ``name``.
+  """A gate with one scheduled hyperparameter in ``[0, high)``, reported under ``name``.
 
   ``also_bad`` (a ``_traced_outside``) closes it and counts too.
   """
@@ -180,7 +185,7 @@ def _scheduled_gate(
   def update(stats, gate_state, **extra_args):
     del extra_args
     value = _value_at(name, hyperparam, stats.num_microbatches)
-    bad = _any(_outside(value), also_bad)
+    bad = _any(_outside(value, 0.0, high), also_bad)
     return ~bad & rule(stats, value), {
         name: value,
         'num_bad_hyperparams': count_if(gate_state['num_bad_hyperparams'], bad),
@@ -298,18 +303,28 @@ def batch_size_at_least(logical_batch_size: optax.ScalarOrSchedule, microbatch_s
 
   Args:
     logical_batch_size: examples per optimizer step, constant or a schedule.
+      No batch reaches an infinite one: a schedule's inf, as its NaN or a
+      negative value, keeps the gate closed and counts in
+      ``num_bad_hyperparams``.
     microbatch_size: examples per microbatch.
 
   Returns:
     A :class:`Gate` whose state reports ``logical_batch_size``.
   """
   _checks.check_scalar_or_schedule('logical_batch_size', logical_batch_size)
+  size = None if callable(logical_batch_size) else _checks.concrete_float('', logical_batch_size)
+  if size is not None and math.isinf(size):
+    raise ValueError(
+        'logical_batch_size is inf: no batch reaches it, so the gate never opens. Pass a finite '
+        'logical_batch_size (for a step every k microbatches, k * microbatch_size)'
+    )
   _checks.check_positive_int('microbatch_size', microbatch_size)
   gate = _scheduled_gate(
       'logical_batch_size',
       logical_batch_size,
       lambda s, size: _examples(s.num_draws, microbatch_size) >= size,
       _traced_outside(microbatch_size, 1),
+      high=jnp.inf,
   )
   return gate._replace(microbatch_size=microbatch_size)
 
@@ -581,8 +596,9 @@ def loss_interval(
   The half-width is relative to the mean, so the rule assumes a positive loss:
   where the mean is negative (a Gaussian negative log-likelihood, an ELBO) the
   gate never opens, and near zero it rarely does; ``max_draws`` then forces
-  every step (``num_forced``). Pass the loss plus a constant that keeps it
-  positive: the gradients do not change.
+  every step (``num_forced``), and with ``max_draws=None`` the run stops
+  stepping while the mean stays negative, with no counter to show it. Pass the
+  loss plus a constant that keeps it positive: the gradients do not change.
 
   Args:
     confidence: the interval's confidence in [0, 1), constant or a schedule.

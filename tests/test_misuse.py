@@ -254,7 +254,13 @@ AT_CONSTRUCTION = {
         lambda: optax_gqc.sbc(sgd(), float('inf'), 8),
         ValueError,
         'logical_batch_size',
-        r'no step would ever be taken. Pass a finite logical_batch_size, or max_draws',
+        r'no batch reaches it.*Pass a finite logical_batch_size',
+    ),
+    'sbc infinite batch with max_draws': (
+        lambda: optax_gqc.sbc(sgd(), float('inf'), 8, max_draws=4),
+        ValueError,
+        'logical_batch_size',
+        r'no batch reaches it.*Pass a finite logical_batch_size',
     ),
     # inject_hyperparams takes a function or a dtype for a schedule (it raises at init).
     'scale_by_draws injected as a schedule': (
@@ -1143,7 +1149,11 @@ def test_a_bound_of_0_beside_one_that_opens_the_gate_is_accepted_and_steps(make)
 BAD_AT_RUN_TIME = {
     'norm_below': (lambda v: gates.norm_below(v), 1e9, [np.nan, -1.0]),
     'norm_below_relative': (lambda v: gates.norm_below(v, relative=True), 1e9, [np.nan, -0.5]),
-    'batch_size_at_least': (lambda v: gates.batch_size_at_least(v, 1), 1.0, [np.nan, -8.0]),
+    'batch_size_at_least': (
+        lambda v: gates.batch_size_at_least(v, 1),
+        1.0,
+        [np.nan, -8.0, np.inf],
+    ),
     'critical_batch': (
         lambda v: gates.critical_batch(v, 1, max_batch_size=2),
         1.0,
