@@ -169,7 +169,10 @@ def check_count(name: str, value: Any, *, int32: bool = False) -> None:
   With ``int32``, also unless it is below 2**31: it is compared with an int32 count.
   """
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-    hint = ': pass int(x)' if np.ndim(value) == 0 and hasattr(value, 'dtype') else ''
+    # int(x) mends the type of a 0-d integer array, not a negative value or a float.
+    array = not isinstance(value, numbers.Integral) and hasattr(value, 'dtype')
+    array = array and np.ndim(value) == 0 and np.issubdtype(value.dtype, np.integer)
+    hint = ': pass int(x)' if array and value >= 0 else ''
     raise ValueError(f'{name} must be an int >= 0, got {value!r}{hint}')
   if int32 and value > INT32_MAX:
     raise ValueError(f'{name} must be below 2**31, the int32 microbatch count, got {value}')
@@ -302,6 +305,12 @@ def check_decision(step: Any, who: str) -> None:
 def check_accumulator_dtype(dtype: Any) -> None:
   """Raises unless ``dtype`` is None or a float dtype with at least float32's range."""
   check_float_dtype('accumulator_dtype', dtype)
+  if dtype is not None and jnp.dtype(dtype) != jax.dtypes.canonicalize_dtype(dtype):
+    raise ValueError(
+        f'accumulator_dtype {jnp.dtype(dtype)} needs 64-bit JAX, which is off: JAX would make '
+        f'{jax.dtypes.canonicalize_dtype(dtype)} arrays. Turn it on first, '
+        "jax.config.update('jax_enable_x64', True), or pass accumulator_dtype=None"
+    )
   if dtype is not None and jnp.finfo(dtype).maxexp < jnp.finfo(jnp.float32).maxexp:
     # float16 overflows a running sum of ordinary gradients (its largest value
     # is 65504); bfloat16 has float32's range.

@@ -787,10 +787,12 @@ def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
           f'{name} takes Gates, got {type(g).__name__}: pass gates such as gates.norm_below(0.5)'
       )
 
-  sizes = {g.microbatch_size for g in gates} - {None}
-  if len(sizes) > 1:
+  # A size may be a JAX array (traced by inject_hyperparams): compared where concrete.
+  sizes = [g.microbatch_size for g in gates if g.microbatch_size is not None]
+  known = {int(s) for s in sizes if not isinstance(s, jax.core.Tracer)}
+  if len(known) > 1:
     raise ValueError(
-        f'{name}: its gates count examples of different microbatch sizes {sorted(sizes)}: '
+        f'{name}: its gates count examples of different microbatch sizes {sorted(known)}: '
         'give every gate the one size of the microbatches passed to update'
     )
 
@@ -806,7 +808,7 @@ def _combine(gates: tuple[Gate, ...], reduce, name: str) -> Gate:
       states.append(s)
     return reduce(jnp.stack(steps)), tuple(states)
 
-  return Gate(init, update, sizes.pop() if sizes else None)
+  return Gate(init, update, sizes[0] if sizes else None)
 
 
 def any_of(*gates: Gate) -> Gate:

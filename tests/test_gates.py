@@ -360,6 +360,22 @@ def test_a_gate_that_counts_examples_carries_its_microbatch_size():
     gates.all_of(gates.batch_size_at_least(64, 8), gates.critical_batch(0.5, 4))
 
 
+def test_gates_given_the_microbatch_size_as_an_array_combine():
+  # A JAX array is unhashable: the sizes are compared as ints.
+  size = jnp.array(4)
+  combined = gates.any_of(gates.batch_size_at_least(8, size), gates.critical_batch(0.5, size))
+  assert int(combined.microbatch_size) == 4
+  with pytest.raises(ValueError, match=r'different microbatch sizes \[4, 8\]'):
+    gates.all_of(gates.batch_size_at_least(64, jnp.array(8)), gates.critical_batch(0.5, size))
+  tx = optax_gqc.accumulate(
+      optax.sgd(0.1), gates.any_of(gates.batch_size_at_least(8, size), gates.norm_below(0.0))
+  )
+  state = tx.init({'w': jnp.zeros(2)})
+  for _ in range(4):
+    _, state = jax.jit(tx.update)({'w': jnp.ones(2)}, state)
+  assert int(state.num_steps) == 2  # every 8 / 4 microbatches
+
+
 def test_a_gate_reads_the_microbatch_count_under_its_former_name_too():
   seen = []
   gate = gates.from_function(lambda s: seen.append((s.num_batches, s.num_microbatches)) or True)

@@ -321,6 +321,18 @@ AT_CONSTRUCTION = {
         'accumulator_dtype float16 is too narrow',
         r'accumulator_dtype=None \(float32\), or jnp.bfloat16',
     ),
+    'float64 accumulator without x64': (  # JAX would make it float32
+        lambda: optax_gqc.sbc(sgd(), 2, 1, accumulator_dtype=jnp.float64),
+        ValueError,
+        'accumulator_dtype float64 needs 64-bit JAX',
+        r"jax.config.update\('jax_enable_x64', True\), or pass accumulator_dtype=None",
+    ),
+    'complex128 accumulator without x64': (
+        lambda: optax_gqc.sbc(sgd(), 2, 1, accumulator_dtype=jnp.complex128),
+        ValueError,
+        'accumulator_dtype complex128 needs 64-bit JAX',
+        r'accumulator_dtype=None',
+    ),
     'float8_e8m0fnu accumulator': (  # float32's range, no mantissa
         lambda: optax_gqc.gnts(sgd(), 0.5, accumulator_dtype=jnp.float8_e8m0fnu),
         ValueError,
@@ -1110,6 +1122,20 @@ def test_misuse_raises_naming_the_argument_and_the_fix(case):
   message = str(info.value)
   assert re.search(argument, message), message
   assert re.search(fix, message), message
+
+
+@pytest.mark.parametrize(
+    'value, hint',
+    [(jnp.array(3), True), (np.int64(3), False), (np.int8(-1), False), (jnp.array(-2), False)],
+)
+def test_a_count_suggests_int_only_where_it_mends_the_value(value, hint):
+  # np.int64(3) is accepted; int(x) of a negative count is still negative.
+  if not hint and value >= 0:
+    assert gates.critical_batch(0.5, 1, probe_every=value).microbatch_size == 1
+    return
+  with pytest.raises(ValueError, match='probe_every must be an int >= 0') as info:
+    gates.critical_batch(0.5, 1, probe_every=value)
+  assert ('pass int(x)' in str(info.value)) == hint
 
 
 @pytest.mark.parametrize(
