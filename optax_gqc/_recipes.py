@@ -71,7 +71,11 @@ def _check_optimizer(optimizer: Any, names: Any) -> None:
   for name in names:
     if name not in parameters:
       if name == 'weight_decay':
-        hint = 'pass weight_decay=None for an optimizer without one'
+        hint = (
+            'pass weight_decay=None for an optimizer without one, or, for the L2 weight decay '
+            "of torch's SGD and Adam, a factory that chains optax.add_decayed_weights("
+            'weight_decay) before it (docs/migration.md)'
+        )
       elif name in inspect.signature(accumulate).parameters:  # a gnr recipe's optimizer_kwargs
         hint = (
             f"{name} is an accumulation's argument, and GNR accumulates nothing: it rescales "
@@ -324,7 +328,11 @@ _TORCH_GQC_NAMES = {
     'update_beta': 'decay (decay = 1 - update_beta)',
     'confidence_level': 'confidence',
     'percent_error_threshold': 'percent_error',
-    'distributed_mode': 'nothing: pass the mean gradient over the devices (see docs/scale.md)',
+    'distributed_mode': (
+        'nothing: pass the mean gradient over the devices (see docs/scale.md), and carry over '
+        "the units of torch-gqc's that change with the devices: a replicated SBC's batch, a "
+        "sharded GNTS's or GNR's norm"
+    ),
 }
 
 

@@ -145,3 +145,24 @@ def test_statistics_before_the_first_step():
   # torch-gqc keeps None, and statistics() leaves such entries out; ours are 0.
   assert 'last_grad_norm' not in r.torch_stats and 'last_num_draws' not in r.torch_stats
   assert r.optax_stats['last_grad_norm'] == 0.0 and r.optax_stats['last_num_draws'] == 0
+
+
+def test_gnr_on_a_gradient_whose_squares_flush_to_zero():
+  g = np.array([1.0, -2.0, 2.0], np.float32) * np.float32(1e-25)  # norm 3e-25
+  p = torch.nn.Parameter(torch.zeros(3))
+  wrapper = gqc.OptimizerWrapperGNR(torch.optim.SGD([p], lr=1.0))  # target 1.0
+  p.grad = torch.tensor(g)
+  wrapper.step()
+  assert not p.detach().any()  # torch-gqc: a norm of 0, a multiplier of 0
+  tx = optax_gqc.gnr(optax.sgd(1.0), target=1.0)
+  updates, _ = tx.update({'p': jnp.asarray(g)}, tx.init({'p': jnp.zeros(3)}))
+  np.testing.assert_allclose(updates['p'], -g / np.linalg.norm(g.astype(np.float64)), rtol=1e-6)
+
+
+def test_a_bare_gnts_has_a_threshold_of_one_and_gnts_with_none_follows_the_noise():
+  wrapper = gqc.OptimizerWrapperGNTS(pc.torch_sgd([torch.nn.Parameter(torch.zeros(3))]))
+  assert wrapper.statistics()['gradient_norm_threshold'] == 1.0
+  stats = optax_gqc.statistics(optax_gqc.gnts(pc.OPTAX_SGD).init({'w': jnp.zeros(3)}))
+  assert 'threshold' not in stats and 'target_batch_size' in stats  # the noise-following gate
+  stats = optax_gqc.statistics(optax_gqc.gnts(pc.OPTAX_SGD, 1.0).init({'w': jnp.zeros(3)}))
+  assert float(stats['threshold']) == 1.0  # torch-gqc's bare wrapper, as a port writes it

@@ -145,3 +145,35 @@ def test_sbc_schedule_landing_on_a_multiple_of_the_microbatch():
   r = records[375]
   assert r.torch_stats['logical_batch_size'] == 24.0 and r.torch_stats['last_num_draws'] == 3
   pc.assert_parity(records)
+
+
+def sgd_l2(learning_rate, weight_decay, momentum=None):
+  """torch's SGD with weight_decay, as docs/migration.md ports it: L2 added to the gradient."""
+  return optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(learning_rate, momentum))
+
+
+def test_torch_sgd_weight_decay_ports_as_the_migration_guide_says():
+  records = replay(
+      lambda ps: gqc.make_gnts_with_cosine_annealing_schedule(
+          torch.optim.SGD(ps, lr=pc.SGD_LR, momentum=pc.MOMENTUM, weight_decay=pc.WEIGHT_DECAY),
+          M,
+          L,
+          *THRESHOLDS,
+          MAX_DRAWS,
+      ),
+      optax_gqc.gnts_with_cosine_schedule(
+          pc.SGD_LR,
+          M,
+          L,
+          *THRESHOLDS,
+          MAX_DRAWS,
+          optimizer=sgd_l2,
+          weight_decay=pc.WEIGHT_DECAY,
+          momentum=pc.MOMENTUM,
+      ),
+      pc.initial_params(),
+      pc.noisy_stream(),
+  )
+  pc.assert_parity(records)
+  wd = [r.torch_hyperparams['weight_decay'] for r in records]
+  assert max(wd) == pytest.approx(pc.WEIGHT_DECAY)  # a decay to port, scheduled
