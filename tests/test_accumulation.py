@@ -485,6 +485,18 @@ def test_update_and_apply_equals_the_optax_path_bitwise(name):
     assert not np.array_equal(params['w'], PARAMS['w'])
 
 
+def test_a_negative_zero_param_keeps_its_sign_on_the_fused_path_only():
+  # docs/fused.md: the one difference in bits, which compares equal.
+  tx = optax_gqc.gnts(optax.sgd(0.1), threshold=0.0, max_draws=4)
+  params, grads = {'w': jnp.array([-0.0, 1.0])}, {'w': jnp.ones(2)}
+  state = tx.init(params)
+  fused, _ = jax.jit(functools.partial(optax_gqc.update_and_apply, tx))(grads, state, params)
+  updates, _ = jax.jit(tx.update)(grads, state, params)
+  optax_path = optax.apply_updates(params, updates)
+  np.testing.assert_array_equal(fused['w'], optax_path['w'])
+  assert np.signbit(fused['w'][0]) and not np.signbit(optax_path['w'][0])
+
+
 def test_the_loss_reaches_an_optax_multisteps_inside_and_through_update_and_apply():
   """optax.with_extra_args_support would drop ``value=`` on its way to a MultiSteps."""
 

@@ -85,6 +85,31 @@ def test_fused_update_equals_optimizer_update_bitwise_under_nnx_jit(name):
         optax_gqc.statistics(kept)
 
 
+@pytest.mark.parametrize('fused', [True, False], ids=['gqc_nnx.update', 'optimizer.update'])
+def test_the_fused_update_writes_no_zero_update(fused):
+  # What tells the fused path from the Optax path, which equals it in value:
+  # a param-sized buffer for the updates (1 MiB here) that only the latter has.
+  model = nnx.Linear(512, 512, use_bias=False, rngs=nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, optax_gqc.gnts(optax.sgd(0.1), threshold=0.5), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+
+  def step(state, grad):
+    model, optimizer = nnx.merge(graphdef, state)
+    grads = jax.tree.map(lambda _: grad, nnx.state(model, nnx.Param))
+    if fused:
+      gqc_nnx.update(optimizer, model, grads)
+    else:
+      optimizer.update(model, grads)
+    return nnx.state((model, optimizer))
+
+  compiled = jax.jit(step, donate_argnums=0).lower(state, jnp.ones((512, 512))).compile()
+  temporaries = compiled.memory_analysis().temp_size_in_bytes / (512 * 512 * 4)
+  if fused:
+    assert temporaries < 0.05
+  else:
+    assert temporaries > 0.95
+
+
 def test_import_without_flax_says_how_to_install(monkeypatch):
   monkeypatch.setitem(sys.modules, 'flax', None)  # what a missing flax looks like
   monkeypatch.delitem(sys.modules, 'optax_gqc.interop.nnx', raising=False)

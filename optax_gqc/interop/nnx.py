@@ -4,7 +4,8 @@
 ``optax.apply_updates``: the Optax path, which writes a zero update and adds
 it to the parameters on every microbatch that only accumulates.
 :func:`update` takes the same arguments and leaves the model and the
-optimizer as ``optimizer.update`` does, bit for bit, through
+optimizer as ``optimizer.update`` does, bit for bit (a ``-0.0`` parameter
+aside, see docs/fused.md), through
 :func:`optax_gqc.update_and_apply`, whose ``lax.cond`` returns the new
 parameters.
 
