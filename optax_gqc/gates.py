@@ -591,7 +591,10 @@ def loss_interval(
   A loss that is NaN or infinite while the gradient is finite is left out of
   the test: the gate judges the finite losses alone (the microbatch's
   gradient is still accumulated) and counts it in ``num_skipped_losses``.
-  With no finite loss since the last step, the gate stays closed.
+  With no finite loss since the last step, the gate stays closed. The
+  statistics are float32: losses that spread by more than about 1e19
+  overflow the squared deviations, and the gate then stays closed until
+  ``max_draws`` (scale such losses down; the rule does not change).
 
   The half-width is relative to the mean, so the rule assumes a positive loss:
   where the mean is negative (a Gaussian negative log-likelihood, an ELBO) the

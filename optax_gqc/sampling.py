@@ -57,7 +57,13 @@ __all__ = [
 
 
 class TestResult(NamedTuple):
-  """Outcome of a sampling test: ``passed`` is ``statistic <= bound``."""
+  """Outcome of a sampling test: whether it passed, and the two numbers it compared.
+
+  ``passed`` is ``statistic <= bound`` as the test computes them, on the
+  gradients divided by a power of two; the two reported numbers are scaled
+  back and may read ``0 <= 0`` where they underflow. A zero mean gradient with
+  spread fails every test (see :func:`inner_product_test`).
+  """
 
   passed: jax.Array  # bool scalar
   statistic: jax.Array  # float32: the left-hand side
@@ -213,7 +219,8 @@ def propose_batch_size(
     eta: the norm test's parameter, or None for the augmented rule.
     theta: the inner-product test's parameter (augmented rule).
     nu: the orthogonality test's parameter (augmented rule).
-    max_batch_size: the cap, at least ``b``, or None.
+    max_batch_size: the cap, at least ``b`` (a traced one is not checked), or
+      None.
 
   Returns:
     An int32 scalar.
@@ -234,7 +241,7 @@ def propose_batch_size(
   g, b, mean, mean_sq, _ = _parts(grads)
   if max_batch_size is not None:
     _checks.check_positive_int('max_batch_size', max_batch_size)
-    if max_batch_size < b:
+    if not isinstance(max_batch_size, jax.core.Tracer) and max_batch_size < b:
       raise ValueError(
           f'max_batch_size ({max_batch_size}) is below the batch of these gradients ({b}): '
           'the proposal is never smaller than the batch'
@@ -247,7 +254,8 @@ def propose_batch_size(
         _inner_var(g, mean) / (theta**2 * mean_sq**2),
         _orth_sum(g, mean, mean_sq) / (nu**2 * mean_sq),
     )
-  cap = float(2**31 - 1 if max_batch_size is None else max_batch_size)
+  cap = 2**31 - 1 if max_batch_size is None else max_batch_size
+  cap = cap if isinstance(cap, jax.core.Tracer) else float(cap)
   # Equal gradients (no spread), or gradients that are not finite, give no reason to
   # grow; a zero mean with spread asks for infinitely many samples, as does a mean whose
   # square (or its square, mean_sq**2) vanishes next to the spread (a NaN ratio): the cap.

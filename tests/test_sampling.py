@@ -70,6 +70,12 @@ def test_proposal_never_decreases_and_is_capped(grads):
   assert int(sampling.propose_batch_size(zero_mean, eta=0.5, max_batch_size=64)) == 64
 
 
+def test_a_traced_cap_caps_under_jit(grads):
+  propose = jax.jit(lambda g, cap: sampling.propose_batch_size(g, eta=1e-3, max_batch_size=cap))
+  assert int(propose(grads, 50)) == 50
+  assert int(propose(grads, 2**31 - 1)) == int(sampling.propose_batch_size(grads, eta=1e-3))
+
+
 def test_per_example_gradients_from_vmap_grad():
   def loss(w, x, y):
     return 0.5 * (x @ w - y) ** 2

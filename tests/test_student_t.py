@@ -23,12 +23,25 @@ def test_quantile_of_zero_confidence_is_zero():
   assert float(t_quantile(0.0, 5)) == 0.0
 
 
+SMALL_DF = [1, 2, 5, 30, 257, 512]
+LARGE_DF = [513, 1000, 3000, 7441, 8012, 9287, 10000]  # the error grows as sqrt(df)
+
+
 @pytest.mark.parametrize(
-    'confidence, rtol',
-    [(0.01, 3e-4), (0.3, 1e-5), (0.9999, 3e-4), (0.99999, 2e-3), (0.999999, 2e-2)],
+    'confidence, rtol, dfs',
+    [
+        (0.01, 2e-4, SMALL_DF),
+        (0.3, 1e-5, SMALL_DF),
+        (0.999999, 1e-5, SMALL_DF),
+        (0.01, 1e-3, LARGE_DF),
+        (0.1, 1e-4, LARGE_DF),
+        (0.3, 3e-5, LARGE_DF),
+        (0.5, 3e-5, LARGE_DF),
+        (0.999999, 3e-5, LARGE_DF),
+    ],
 )
-def test_quantile_at_the_edges_is_as_accurate_as_its_docstring_says(confidence, rtol):
-  df = np.array([1, 2, 5, 30, 1000, 10000])
+def test_quantile_at_the_edges_is_as_accurate_as_its_docstring_says(confidence, rtol, dfs):
+  df = np.array(dfs)
   ours = np.asarray(t_quantile(np.float32(confidence), df))
   ref = stats.t.ppf((1 + np.float64(np.float32(confidence))) / 2, df)
   np.testing.assert_allclose(ours, ref, rtol=rtol)
