@@ -46,6 +46,8 @@ def scale_to_norm(target: optax.ScalarOrSchedule) -> optax.GradientTransformatio
   target to float32's accuracy (about 1e-8 relative), and a float64 gradient
   whose norm is beyond float32's range (above about 3e38, or every entry
   below about 1e-45) gives a zero update, its ``grad_norm`` reading inf or 0.
+  So does a gradient whose entries are all subnormal (below about 1e-38),
+  which XLA on the CPU flushes to 0.
 
   Args:
     target: the global L2 norm of the output, constant or a schedule of the

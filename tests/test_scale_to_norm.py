@@ -66,6 +66,15 @@ def test_a_norm_whose_small_squares_flushed_is_not_short():
   assert float(optax.tree.norm(updates)) == pytest.approx(1.0, rel=1e-5)
 
 
+@pytest.mark.cpu_only('XLA:CPU flushes subnormals to 0, as the docstring says')
+def test_a_subnormal_gradient_gives_a_zero_update():
+  g = {'w': jnp.array([1e-40, 2e-40], jnp.float32)}
+  tx = optax_gqc.scale_to_norm(1.0)
+  updates, state = jax.jit(tx.update)(g, tx.init(g))
+  assert float(state.grad_norm) == 0.0
+  np.testing.assert_array_equal(updates['w'], 0.0)
+
+
 def test_the_rescaled_norm_is_a_branch_xla_keeps_and_has_a_derivative():
   tx = optax_gqc.scale_to_norm(1.0)
   g = {'w': jnp.array([1e-25, 2e-25])}

@@ -44,6 +44,24 @@ PAIRS = {
     ),
 }
 
+# torch-schedule-anything's fixed powers, ported as docs/migration.md says: the
+# polynomial of power 1, 2 or 0.5 (the power argument P is not theirs).
+for _name, _power in [('linear', 1.0), ('quadratic', 2.0), ('sqrt', 0.5)]:
+  PAIRS[f'{_name}_with_warmup'] = (
+      lambda L, M, P, q=_power: schedules.polynomial_with_warmup(W, A, L, M, q),
+      lambda opt, L, M, P, n=_name: getattr(tsa, f'{n}_schedule_with_warmup')(opt, W, A, L, M),
+  )
+  PAIRS[f'{_name}_with_inverse_warmup'] = (
+      lambda L, M, P, q=_power: schedules.polynomial_with_inverse_warmup(W, A, L, M, q, R),
+      lambda opt, L, M, P, n=_name: getattr(tsa, f'{n}_schedule_with_inverse_warmup')(
+          opt, W, A, L, M, R
+      ),
+  )
+PAIRS['constant_schedule'] = (
+    lambda L, M, P: lambda t: jnp.full(jnp.shape(t), W),
+    lambda opt, L, M, P: tsa.constant_schedule(opt, W),
+)
+
 
 @pytest.mark.parametrize('warmup,total,power', [(20, 120, 2.0), (0, 50, 0.5), (15, 15, 3.0)])
 @pytest.mark.parametrize('name', list(PAIRS))
