@@ -437,8 +437,8 @@ def accumulate(
     # buffers are operands, not closures, so XLA updates them in place and
     # copies nothing; the scalars after it read the decision back from the
     # cond (`stepped`, equal to `step`) rather than recompute the gate's.
-    scale, bad_scale = (None, False) if scale_by_draws is None else _scale(
-        scale_by_draws, stats.num_draws
+    scale, bad_scale = (
+        (None, False) if scale_by_draws is None else _scale(scale_by_draws, stats.num_draws)
     )
     do_step, do_accumulate = _branches(
         inner, extra_args, scale, stats.num_draws, updates, state, params, apply
@@ -558,9 +558,7 @@ def _branches(inner, extra_args, scale, n, updates, state, params, apply):
   return do_step, do_accumulate
 
 
-def _count(
-    state, stats, ok, stepped, forced, max_draws, noise_decay, bad_scale
-) -> AccumulateState:
+def _count(state, stats, ok, stepped, forced, max_draws, noise_decay, bad_scale) -> AccumulateState:
   """The new counters, running sums and noise scale; the buffers as they were."""
   n = stats.num_draws
 

@@ -847,9 +847,7 @@ def test_a_bad_scale_by_draws_gives_a_zero_update_and_is_counted(apply):
   def rule(n):
     return jnp.select([n == 1, n == 2, n == 3], [jnp.inf, jnp.nan, -1.0], 1.0)
 
-  tx = optax_gqc.accumulate(
-      optax.sgd(0.1), gates.norm_below(1.5), max_draws=3, scale_by_draws=rule
-  )
+  tx = optax_gqc.accumulate(optax.sgd(0.1), gates.norm_below(1.5), max_draws=3, scale_by_draws=rule)
   params = {'w': jnp.ones(3)}
   state = tx.init(params)
 
