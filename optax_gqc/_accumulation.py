@@ -416,6 +416,8 @@ def accumulate(
     _checks.check_params_like_init(params, state.accumulator)
     _checks.check_like_params(updates, state.accumulator)
     _check_accumulator_dtypes(state.accumulator, accumulator_dtype)
+    if isinstance(microbatch_size, jax.Array):  # injected: it may change between updates
+      state = _resized(state, microbatch_size)
     grad_sq = _checks.global_sq_norm(updates, axis_name)
     ok = jnp.isfinite(grad_sq) if skip_nonfinite else jnp.asarray(True)
     accumulator = _add(state.accumulator, updates, ok, fresh=state.num_draws == 0)
@@ -448,8 +450,6 @@ def accumulate(
     )
     new_state = _count(state, stats, ok, stepped, forced, max_draws, noise_decay, bad_scale)
     new_state = new_state._replace(gate_state=optax.tree.where(ok, gate_state, state.gate_state))
-    if isinstance(microbatch_size, jax.Array):  # injected: it may change between updates
-      new_state = new_state._replace(microbatch_size=jnp.asarray(microbatch_size, jnp.int32))
     # The new scalars in one kernel (see _numerics.one_kernel); the inner state
     # and the accumulator are left out, as the cond and the write return them.
     buffers = dict(inner_state=None, accumulator=None)
@@ -465,6 +465,20 @@ def accumulate(
     return step_fn(updates, state, params, extra_args, apply=True)
 
   return AccumulationTransformation(init_fn, update_fn, update_and_apply_fn)
+
+
+def _resized(state: AccumulateState, microbatch_size: jax.Array) -> AccumulateState:
+  """The state with a new (injected) ``microbatch_size``, its noise estimates in its units.
+
+  The trace EMA is kept per microbatch: in microbatches ``new / old`` times as
+  large it reads ``old / new`` times as much, so that the noise scale in
+  examples carries over. Where either size is not above 0 it is kept.
+  """
+  old, new = state.microbatch_size, jnp.asarray(microbatch_size, jnp.int32)
+  both = (old > 0) & (new > 0)
+  factor = jnp.where(both, old.astype(jnp.float32) / jnp.where(both, new, 1), 1.0)
+  noise = state.noise._replace(trace_cov_ema=state.noise.trace_cov_ema * factor)
+  return state._replace(microbatch_size=new, noise=noise)
 
 
 def _add(accumulator: Any, updates: Any, ok: jax.Array, fresh: jax.Array) -> Any:

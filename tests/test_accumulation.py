@@ -338,6 +338,25 @@ def test_microbatch_size_injected_under_jitted_init(make):
   assert int(optax_gqc.statistics(state)['microbatch_size']) == 16
 
 
+def test_an_injected_microbatch_size_changed_mid_run_keeps_the_noise_scale_in_examples():
+  # The estimates so far were of microbatches of 4 examples: reported in
+  # examples, they must not double when the microbatches become 8 examples.
+  tx = optax.inject_hyperparams(optax_gqc.sbc)(
+      optax.sgd(0.0), logical_batch_size=16, microbatch_size=4
+  )
+  update = jax.jit(tx.update)
+  state = tx.init(PARAMS)
+  for g in grad_stream(40):  # ten steps of four microbatches
+    _, state = update(g, state, PARAMS)
+  before = optax_gqc.statistics(state)
+  state.hyperparams['microbatch_size'] = jnp.asarray(8, jnp.int32)
+  _, state = update(grad_stream(1)[0], state, PARAMS)  # accumulates: no new estimate
+  after = optax_gqc.statistics(state)
+  assert int(after['num_draws']) == 1 and int(after['microbatch_size']) == 8
+  for name in ('noise_scale', 'trace_cov_est', 'grad_sq_norm_est'):
+    np.testing.assert_allclose(after[name], before[name], rtol=1e-6, err_msg=name)
+
+
 def test_flax_nnx_optimizer_under_nnx_jit():
   from flax import nnx
 
