@@ -23,6 +23,7 @@ def gnts(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    noise_decay: float = 0.99,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None | str = 'default',
     axis_name: Any = None,
 ) -> AccumulationTransformation:
@@ -90,6 +91,9 @@ def gnts(
       gradients' own dtype where it is wider or complex (see
       :func:`optax_gqc.accumulate`).
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
+    noise_decay: the EMA decay of the noise-scale estimates, which the
+      noise-following batch reads (see :func:`optax_gqc.accumulate`), in
+      [0, 1).
     scale_by_draws: a function of :math:`n` that multiplies the inner update
       of a step that averaged :math:`n` microbatches (see
       :func:`optax_gqc.accumulate`); by default ``jnp.sqrt`` in the
@@ -199,6 +203,7 @@ def gnts(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      noise_decay=noise_decay,
       scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
@@ -212,6 +217,7 @@ def sbc(
     max_draws: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    noise_decay: float = 0.99,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
 ) -> AccumulationTransformation:
@@ -243,6 +249,7 @@ def sbc(
       gradients' own dtype where it is wider or complex (see
       :func:`optax_gqc.accumulate`).
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
+    noise_decay: as in :func:`gnts`.
     scale_by_draws: a function of :math:`n` that multiplies the inner update
       of a step that averaged :math:`n` microbatches (see
       :func:`optax_gqc.accumulate`); None (the default, as ``MultiSteps``)
@@ -264,6 +271,7 @@ def sbc(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      noise_decay=noise_decay,
       scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
@@ -279,6 +287,7 @@ def noise_ratio_accumulation(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    noise_decay: float = 0.99,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
 ) -> AccumulationTransformation:
@@ -315,6 +324,7 @@ def noise_ratio_accumulation(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      noise_decay=noise_decay,
       scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
@@ -334,6 +344,7 @@ def mht(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    noise_decay: float = 0.99,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
 ) -> AccumulationTransformation:
@@ -375,6 +386,7 @@ def mht(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      noise_decay=noise_decay,
       scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
@@ -388,6 +400,7 @@ def norm_test_accumulation(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
+    noise_decay: float = 0.99,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
 ) -> AccumulationTransformation:
@@ -420,6 +433,7 @@ def norm_test_accumulation(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
+      noise_decay=noise_decay,
       scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )

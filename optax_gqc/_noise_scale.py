@@ -272,7 +272,7 @@ def noise_scale(
     )
   if microbatch_size is not None:
     _checks.check_positive_int('microbatch_size', microbatch_size)
-  batch = 1.0 if microbatch_size is None else float(microbatch_size)
+  batch = 1.0 if microbatch_size is None else microbatch_size  # injected: a traced int
 
   def init_fn(params):
     del params

@@ -170,3 +170,28 @@ def test_gnts_absolute_threshold_with_a_valve_steps_on_the_norm_test():
 def test_default_gnts_reports_the_microbatch_size_it_was_given(size, reported):
   state = optax_gqc.gnts(optax.sgd(0.1), microbatch_size=size).init({'w': jnp.zeros(2)})
   assert int(optax_gqc.statistics(state)['microbatch_size']) == reported
+
+
+@pytest.mark.parametrize(
+    'make',
+    [
+        lambda **kw: optax_gqc.gnts(optax.sgd(0.1), max_draws=4, **kw),
+        lambda **kw: optax_gqc.sbc(optax.sgd(0.1), 2, 1, **kw),
+        lambda **kw: optax_gqc.noise_ratio_accumulation(optax.sgd(0.1), 0.0, max_draws=2, **kw),
+        lambda **kw: optax_gqc.norm_test_accumulation(optax.sgd(0.1), 0.0, max_draws=2, **kw),
+        lambda **kw: optax_gqc.mht(optax.sgd(0.1), 0.9, 0.0, max_draws=2, **kw),
+    ],
+    ids=['gnts', 'sbc', 'noise_ratio', 'norm_test', 'mht'],
+)
+def test_noise_decay_reaches_the_engine(make):
+  def noise_weight(**kw):
+    tx = make(**kw)
+    params = {'w': jnp.zeros(3)}
+    state = tx.init(params)
+    for i in range(12):  # steps of two microbatches or more
+      g = {'w': jnp.array([1.0, -1.0, 0.5]) * (1 + i % 3)}
+      _, state = jax.jit(tx.update)(g, state, params, value=1.0 + i % 2)
+    return float(state.noise.weight)
+
+  assert noise_weight(noise_decay=0.0) == 1.0  # 1 - 0**k: the last estimate alone
+  assert 0.0 < noise_weight() < 0.1  # 1 - 0.99**k after a few steps

@@ -132,6 +132,25 @@ def test_noise_scale_needs_no_param_sized_buffer():
   assert len(big) == 2  # the accumulator's two leaves; sgd(0.1) keeps nothing
 
 
+def test_standalone_noise_scale_with_an_injected_microbatch_size_under_jit():
+  grads = {'w': jax.random.normal(jax.random.key(2), (4, 6))}
+
+  def run(make):
+    tx = make()
+    state = tx.init({'w': jnp.zeros(6)})
+    update = jax.vmap(tx.update, axis_name='data', in_axes=(0, None), out_axes=(0, None))
+    return jax.jit(update)(grads, state)[1]
+
+  injected = run(
+      lambda: optax.inject_hyperparams(optax_gqc.noise_scale, static_args=('axis_name',))(
+          decay=0.5, axis_name='data', microbatch_size=8
+      )
+  ).inner_state
+  plain = run(lambda: optax_gqc.noise_scale(decay=0.5, axis_name='data', microbatch_size=8))
+  np.testing.assert_allclose(injected.noise_scale, plain.noise_scale, rtol=1e-6)
+  assert np.isfinite(plain.noise_scale)
+
+
 def test_standalone_noise_scale_under_named_vmap():
   devices, d = 4, 6
   grads = {'w': jax.random.normal(jax.random.key(2), (devices, d))}
