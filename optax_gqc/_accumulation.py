@@ -95,6 +95,13 @@ def check_state(
         + _PASS_OWN_STATE
         + restored
     )
+  # Params split out of a model may hold Variables; a counter only in nnx.Optimizer's state.
+  if _checks.is_variable(state.num_draws):
+    raise TypeError(
+        "accumulate: the state holds Flax NNX Variables: it is an nnx.Optimizer's opt_state, "
+        'whose updates go through the optimizer. Call optimizer.update(model, grads), or '
+        'optax_gqc.interop.nnx.update(optimizer, model, grads) for the fused step'
+    )
   if gate is not None:
     expected = jax.eval_shape(gate.init)
     if jax.tree.structure(state.gate_state) != jax.tree.structure(expected):

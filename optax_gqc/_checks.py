@@ -163,6 +163,11 @@ def check_positive_int(name: str, value: Any, fix: str = '') -> None:
     )
 
 
+def is_variable(x: Any) -> bool:
+  """Whether ``x`` is a Flax NNX Variable, in which ``nnx.Optimizer.opt_state`` keeps its leaves."""
+  return hasattr(x, 'get_value') and not isinstance(x, jax.Array)
+
+
 def check_count(name: str, value: Any, *, int32: bool = False) -> None:
   """Raises unless ``value`` is an integer >= 0 (NumPy's too), e.g. a number of microbatches.
 

@@ -9,11 +9,7 @@ import optax
 
 from optax_gqc import _noise_scale, _scale_to_norm, _sgd_sai
 from optax_gqc._accumulation import AccumulateState, gate_entries
-
-
-def _is_variable(x: Any) -> bool:
-  # Flax NNX keeps optimizer state leaves in Variables (nnx.Optimizer.opt_state).
-  return hasattr(x, 'get_value') and not isinstance(x, jax.Array)
+from optax_gqc._checks import is_variable
 
 
 def _flat_gate_stats(gate_state: Any, out: dict[str, jax.Array]) -> None:
@@ -271,9 +267,7 @@ def statistics(state: Any) -> dict[str, jax.Array]:
         'statistics takes an optimizer state (what init and update return), not the '
         'transformation: statistics(state)'
     )
-  state = jax.tree.map(
-      lambda x: x.get_value() if _is_variable(x) else x, state, is_leaf=_is_variable
-  )
+  state = jax.tree.map(lambda x: x.get_value() if is_variable(x) else x, state, is_leaf=is_variable)
   _check_typed(state)
   # Stable: in traversal order within a precedence.
   found = sorted(_find_states(state), key=lambda found: _precedence(found[0]))

@@ -312,13 +312,24 @@ def batch_size_at_least(logical_batch_size: optax.ScalarOrSchedule, microbatch_s
     A :class:`Gate` whose state reports ``logical_batch_size``.
   """
   _checks.check_scalar_or_schedule('logical_batch_size', logical_batch_size)
-  size = None if callable(logical_batch_size) else _checks.concrete_float('', logical_batch_size)
+  _checks.check_positive_int('microbatch_size', microbatch_size)
+  # A JAX array may be inject_hyperparams' first value of a schedule: not checked.
+  size = (
+      None
+      if callable(logical_batch_size) or isinstance(logical_batch_size, jax.Array)
+      else float(logical_batch_size)
+  )
   if size is not None and math.isinf(size):
     raise ValueError(
         'logical_batch_size is inf: no batch reaches it, so the gate never opens. Pass a finite '
         'logical_batch_size (for a step every k microbatches, k * microbatch_size)'
     )
-  _checks.check_positive_int('microbatch_size', microbatch_size)
+  if size is not None and not isinstance(microbatch_size, jax.Array) and size < microbatch_size:
+    raise ValueError(
+        f'logical_batch_size ({size:g}) is under one microbatch of {microbatch_size} examples, '
+        'so every microbatch would step: a logical batch is in examples. Pass k * '
+        'microbatch_size for a step every k microbatches (microbatch_size itself for every one)'
+    )
   gate = _scheduled_gate(
       'logical_batch_size',
       logical_batch_size,

@@ -256,6 +256,18 @@ AT_CONSTRUCTION = {
         'logical_batch_size',
         r'no batch reaches it.*Pass a finite logical_batch_size',
     ),
+    'sbc batch under one microbatch': (  # MultiSteps' k, kept as examples
+        lambda: optax_gqc.sbc(sgd(), 4, 32),
+        ValueError,
+        r'logical_batch_size \(4\) is under one microbatch of 32 examples',
+        r'Pass k \* microbatch_size for a step every k microbatches',
+    ),
+    'batch_size_at_least of 0': (
+        lambda: gates.batch_size_at_least(0, 8),
+        ValueError,
+        r'logical_batch_size \(0\)',
+        r'microbatch_size itself for every one',
+    ),
     'sbc infinite batch with max_draws': (
         lambda: optax_gqc.sbc(sgd(), float('inf'), 8, max_draws=4),
         ValueError,
@@ -778,7 +790,25 @@ AT_CONSTRUCTION = {
 # At the first trace of update (under jit, before anything runs).
 
 
+def nnx_opt_state_update():
+  """A hand-written step given an nnx.Optimizer's opt_state, whose leaves are Variables."""
+  from flax import nnx
+
+  model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+  tx = optax_gqc.gnts(sgd())
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  params = nnx.state(model, nnx.Param)
+  grads = jax.tree.map(jnp.ones_like, params)
+  return optax_gqc.update_and_apply(tx, grads, optimizer.opt_state, params)
+
+
 AT_FIRST_TRACE = {
+    "an nnx.Optimizer's opt_state": (
+        nnx_opt_state_update,
+        TypeError,
+        'the state holds Flax NNX Variables',
+        r'optimizer.update\(model, grads\), or optax_gqc.interop.nnx.update',
+    ),
     'traced microbatch_size of the default gnts': (
         lambda: first_update(
             optax.inject_hyperparams(
