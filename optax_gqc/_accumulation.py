@@ -84,12 +84,21 @@ def check_state(
   """
   if not isinstance(state, AccumulateState):
     got = 'None' if state is None else f'a {type(state).__name__}'
-    restored = (
-        '. A checkpoint restored without a target keeps the state as a mapping of its fields: '
+    onto_target = (
         'restore it onto a target, jax.eval_shape(tx.init, params) (docs/checkpointing.md)'
-        if isinstance(state, dict) and 'accumulator' in state
-        else ''
     )
+    restored = ''
+    if isinstance(state, dict) and 'accumulator' in state:
+      restored = (
+          '. A checkpoint restored without a target keeps the state as a mapping of its '
+          'fields: ' + onto_target
+      )
+    elif isinstance(state, str):  # optax.chain iterated a mapping: its keys
+      got = f'the str {state!r}'
+      restored = (
+          ". A chain whose state was restored without a target holds a mapping ('0', '1', ...) "
+          'in place of its tuple, and hands its keys on: ' + onto_target
+      )
     raise TypeError(
         f'accumulate: state is {got}, not the AccumulateState of this transformation: '
         + _PASS_OWN_STATE

@@ -802,7 +802,21 @@ def nnx_opt_state_update():
   return optax_gqc.update_and_apply(tx, grads, optimizer.opt_state, params)
 
 
+def chained_state_restored_without_a_target():
+  from flax import serialization
+
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax_gqc.gnts(sgd()))
+  state = serialization.msgpack_restore(serialization.to_bytes(tx.init(PARAMS)))
+  return first_update(tx, state=state)
+
+
 AT_FIRST_TRACE = {
+    'a chained state restored without a target': (
+        chained_state_restored_without_a_target,
+        TypeError,
+        r"state is the str '1', .*\. A chain whose state was restored without a target",
+        r'restore it onto a target, jax.eval_shape\(tx.init, params\)',
+    ),
     "an nnx.Optimizer's opt_state": (
         nnx_opt_state_update,
         TypeError,
