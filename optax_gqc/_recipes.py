@@ -165,6 +165,19 @@ def schedule_by_microbatch(
               f"pass the schedule as the gate's own argument, {name}=schedule (to gnts, or to "
               "the gate's constructor), which a gate calls with the microbatch count"
           )
+        injected = sorted(
+            {
+                k
+                for _, h in optax.tree.get_all_with_path(state.inner_state, 'hyperparams')
+                for k in h
+            }
+        )
+        if injected:
+          raise ValueError(
+              f'schedule_by_microbatch: the inner optimizer has no injected hyperparameter '
+              f'{name!r}; it injects {", ".join(injected)}. Schedule one of those, or leave '
+              f"{name!r} out of the inner optimizer's static_args if it takes it"
+          )
         raise ValueError(
             f'schedule_by_microbatch: the inner optimizer has no injected hyperparameter '
             f'{name!r}: build it with optax.inject_hyperparams, e.g. '
@@ -191,8 +204,8 @@ def schedule_by_microbatch(
         raise TypeError(
             f'schedule_by_microbatch: the inner optimizer holds {name!r} as {narrow[0]}, as '
             "inject_hyperparams does for every hyperparameter of low-precision params: Adam's "
-            'b2=0.999 is then 1.0, and its steps NaN. Give it '
-            'optax.inject_hyperparams(..., hyperparam_dtype=jnp.float32)'
+            'b2=0.999 is then 1.0, and its steps NaN. Give it hyperparam_dtype=jnp.float32 '
+            '(an argument of optax.inject_hyperparams, and of scheduled_accumulation)'
         )
       values[name] = jnp.asarray(schedule(state.num_microbatches), found[0][1].dtype)
     return state._replace(inner_state=optax.tree.set(state.inner_state, **values))
@@ -264,8 +277,11 @@ def scheduled_accumulation(
       ``hyperparams``.
 
   Returns:
-    An :class:`~optax_gqc.AccumulationTransformation`; the current values are
-    in ``optax.tree.get(state, 'hyperparams')``.
+    An :class:`~optax_gqc.AccumulationTransformation`. The values are in
+    ``optax.tree.get(state, 'hyperparams')``, written before each update at
+    its microbatch count: after an accepted microbatch, the values it was
+    taken at; after a rejected one (which does not advance the count), those
+    the next microbatch will be taken at.
 
   Example:
     >>> import optax, optax_gqc
@@ -288,6 +304,18 @@ def scheduled_accumulation(
     _checks.check_schedule(f'hyperparams[{name!r}]', schedule)
   _check_optimizer(optimizer, hyperparams)
   _checks.check_float_dtype('hyperparam_dtype', hyperparam_dtype)
+  if hyperparam_dtype is not None and jnp.finfo(hyperparam_dtype).bits < 32:
+    raise ValueError(
+        f'hyperparam_dtype {jnp.dtype(hyperparam_dtype)} is too narrow for the schedules: '
+        "Adam's b2=0.999 rounds to 1 in it and its steps turn NaN. Pass hyperparam_dtype="
+        'jnp.float32 (the default)'
+    )
+  both = sorted(set(hyperparams) & set(optimizer_kwargs))
+  if both:
+    raise ValueError(
+        f'{", ".join(both)} both scheduled in hyperparams and passed as a constant: give each '
+        'either a schedule in hyperparams or a number as a keyword, not both'
+    )
   given = (static_args,) if isinstance(static_args, str) else tuple(static_args)
   unknown = [name for name in given if name not in optimizer_kwargs]
   if unknown:
@@ -309,13 +337,21 @@ def scheduled_accumulation(
       )
   inner = optax.inject_hyperparams(
       optimizer, static_args=static, hyperparam_dtype=hyperparam_dtype
-  )(**optimizer_kwargs, **{k: s(jnp.zeros([], jnp.int32)) for k, s in hyperparams.items()})
+  )(**optimizer_kwargs, **{k: _first_value(s, hyperparam_dtype) for k, s in hyperparams.items()})
   engine = _engine(
       max_draws, microbatch_size, accumulator_dtype, skip_nonfinite, scale_by_draws, axis_name
   )
   tx = accumulate(inner, gate, noise_decay=noise_decay, **engine)
 
   return schedule_by_microbatch(tx, **hyperparams)
+
+
+def _first_value(schedule: optax.Schedule, dtype: Any) -> jax.Array:
+  """``schedule(0)``, a float: an integer one would make inject_hyperparams keep an int."""
+  value = schedule(jnp.zeros([], jnp.int32))
+  if jnp.issubdtype(jnp.result_type(value), jnp.inexact):
+    return value
+  return jnp.asarray(value, jnp.float32 if dtype is None else dtype)
 
 
 # torch-gqc's names of the recipes' arguments, which would reach the optimizer as its own.

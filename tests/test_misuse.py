@@ -704,6 +704,25 @@ AT_CONSTRUCTION = {
         'normalize',
         r'True or False',
     ),
+    'bfloat16 hyperparam_dtype': (
+        lambda: optax_gqc.scheduled_accumulation(
+            optax.adamw,
+            gates.norm_below(0.5),
+            {'learning_rate': lambda t: 1e-3},
+            hyperparam_dtype=jnp.bfloat16,
+        ),
+        ValueError,
+        'hyperparam_dtype bfloat16 is too narrow',
+        r'Pass hyperparam_dtype=jnp.float32',
+    ),
+    'a hyperparameter scheduled and constant': (
+        lambda: optax_gqc.scheduled_accumulation(
+            optax.adamw, gates.norm_below(0.5), {'learning_rate': lambda t: 1e-3}, learning_rate=0.1
+        ),
+        ValueError,
+        'learning_rate both scheduled in hyperparams and passed as a constant',
+        r'not both',
+    ),
     'integer hyperparam_dtype': (
         lambda: optax_gqc.scheduled_accumulation(
             optax.sgd,
@@ -811,6 +830,18 @@ def chained_state_restored_without_a_target():
 
 
 AT_FIRST_TRACE = {
+    'a scheduled name the inner optimizer does not inject': (
+        lambda: first_update(
+            optax_gqc.schedule_by_microbatch(
+                optax_gqc.sbc(optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3), 2, 1),
+                learning_rte=lambda t: 1e-3,
+            )
+        ),
+        ValueError,
+        "no injected hyperparameter 'learning_rte'; it injects b1, b2, eps, eps_root, "
+        'learning_rate, weight_decay',
+        r'Schedule one of those',
+    ),
     'a chained state restored without a target': (
         chained_state_restored_without_a_target,
         TypeError,

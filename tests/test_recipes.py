@@ -634,3 +634,23 @@ def test_a_bfloat16_hyperparameter_is_refused_with_the_dtype_that_fixes_it():
   tx = make(hyperparam_dtype=jnp.float32)
   updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
   assert bool(jnp.all(jnp.isfinite(updates['w'].astype(jnp.float32))))
+
+
+@pytest.mark.parametrize(
+    'schedule',
+    [optax.constant_schedule(1), lambda t: jnp.where(t < 2, 1, 0)],
+    ids=['constant_int', 'piecewise_int'],
+)
+def test_an_integer_schedule_schedules_a_float_hyperparameter(schedule):
+  # inject_hyperparams kept an int32 first value as an int32, which then refused the schedule.
+  tx = optax_gqc.scheduled_accumulation(
+      optax.sgd, optax_gqc.gates.batch_size_at_least(1, 1), {'learning_rate': schedule}
+  )
+  params = {'w': jnp.zeros(3)}
+  state = tx.init(params)
+  steps = []
+  for _ in range(3):
+    updates, state = jax.jit(tx.update)({'w': jnp.ones(3)}, state, params)
+    steps.append(float(updates['w'][0]))
+  assert optax.tree.get(state, 'learning_rate').dtype == jnp.float32
+  assert steps[:2] == [-1.0, -1.0] and steps[2] == float(-schedule(2))
