@@ -3,7 +3,7 @@
 The learning rate of every parameter leaf is scaled at initialisation by the
 gradient signal-to-noise ratio (g-SNR) of that leaf's first gradient, and the
 scale is then kept for the whole run. The optimizer state is one param-sized
-momentum buffer plus a few scalars per leaf: half the state of AdamW.
+momentum buffer plus a few scalars per leaf: half the state of AdamW at the same dtypes.
 """
 
 from typing import Any, NamedTuple
@@ -108,8 +108,9 @@ def scale_by_gsnr(eps: float = 1e-8, normalize: bool = False) -> optax.GradientT
 
   With ``normalize``, every g-SNR is divided by the largest one taken by the
   first update that takes any (the paper's pseudocode), so the largest factor
-  is exactly 1. A leaf that takes its g-SNR later is divided by the same
-  number, so no factor changes once set (and a late one may exceed 1).
+  is 1 (set as 1, not computed as a quotient, which XLA:GPU may round below).
+  A leaf that takes its g-SNR later is divided by the same number, so no
+  factor changes once set (and a late one may exceed 1).
 
   Args:
     eps: added to :math:`\sigma` in the denominator; must be positive and finite.
@@ -164,6 +165,7 @@ def _scale_by_gsnr(eps: float, normalize: bool, dtype: Any | None = None):
 
   def update_fn(updates, state, params=None):
     del params
+    updates = jax.tree.map(jnp.asarray, updates)  # a Python float too, as optax.sgd takes
     for path, u in jax.tree_util.tree_leaves_with_path(updates):
       _checks.check_inexact(f'the gradient {jax.tree_util.keystr(path)}', u, 'its g-SNR')
     leaves, treedef = jax.tree.flatten(updates)
@@ -185,7 +187,7 @@ def _scale_by_gsnr(eps: float, normalize: bool, dtype: Any | None = None):
         normalizer = jnp.where(normalizer > 0, normalizer, largest)
         divisor = jnp.where(normalizer > 0, normalizer, 1.0)
       gsnr = [
-          jnp.where(n, r / divisor, g).astype(jnp.float32)
+          jnp.where(n, jnp.where(r == divisor, 1.0, r / divisor), g).astype(jnp.float32)
           for n, (r, _), g in zip(new, stats, old, strict=True)
       ]
       computed = [c | n for c, n in zip(done, new, strict=True)]
@@ -216,15 +218,19 @@ def _momentum(decay: Any, mu_dtype: Any | None = None) -> optax.GradientTransfor
   r"""Exponential moving average started at the first updates, not at zero.
 
   :math:`m_1 = u_1`, then :math:`m_t = \mu m_{t-1} + (1 - \mu) u_t`, kept in
-  ``mu_dtype`` (by default the params' dtype).
+  ``mu_dtype`` (by default the params' dtype; complex for a complex leaf,
+  whose imaginary part a real ``mu_dtype`` would drop).
   """
   mu_dtype = None if mu_dtype is None else jax.dtypes.canonicalize_dtype(mu_dtype)
 
+  def zeros(p):
+    dtype = mu_dtype
+    if dtype is not None and jnp.iscomplexobj(p) and not jnp.issubdtype(dtype, jnp.complexfloating):
+      dtype = jnp.promote_types(dtype, jnp.complex64)
+    return jnp.zeros_like(p, dtype=dtype)
+
   def init_fn(params):
-    return SgdSaiMomentumState(
-        count=jnp.zeros([], jnp.int32),
-        mu=optax.tree.zeros_like(params, dtype=mu_dtype),
-    )
+    return SgdSaiMomentumState(count=jnp.zeros([], jnp.int32), mu=jax.tree.map(zeros, params))
 
   def update_fn(updates, state, params=None):
     del params
@@ -270,14 +276,17 @@ def sgd_sai(
   scaling before the momentum gives the same update; the buffer holds
   :math:`s_p m_t`, and the g-SNR is read from the raw gradient. Once every
   leaf has its g-SNR, its reductions are skipped (a ``jax.lax.cond``) and a
-  step costs about the element-wise work of :func:`optax.sgd` with momentum.
-  A leaf whose gradient is always zero (a parameter the loss does not use)
-  never gets one, and keeps every leaf's reductions running
+  step costs about the element-wise work of :func:`optax.sgd` with momentum
+  (under ``jax.vmap``, an ensemble, the cond becomes selects and the
+  reductions run on every step). A leaf whose gradient is always zero (a
+  parameter the loss does not use) never gets one, and keeps every leaf's reductions running
   (``statistics(state)['num_pending_gsnr']`` counts such leaves): leave it out
   of the optimizer, e.g. ``optax.partition`` with ``optax.set_to_zero()``. The
   state is one param-sized buffer (in ``mu_dtype``) and a few scalars per
-  leaf, half the state of :func:`optax.adamw`; the g-SNR is part of it, so it
-  survives a save and restore.
+  leaf, half the state of :func:`optax.adamw` with its moments in the same
+  dtype (a float32 ``mu_dtype`` for float16 params is the size of the default
+  ``adamw``'s state, which keeps float16 moments there); the g-SNR is part of
+  it, so it survives a save and restore.
 
   Differences from the reference: the PyTorch ``SGD_sai`` (``sgd-sai`` 1.0.3)
   is matched step for step where it is well defined (up to float32 rounding:
@@ -301,7 +310,8 @@ def sgd_sai(
     the state.
   * A first gradient with a NaN gives the reference a NaN g-SNR (every later
     update NaN), one with an Inf an infinite g-SNR (the parameters go to
-    inf); here the leaf waits for a finite one. One whose
+    inf); here the leaf waits for a finite one, and its momentum starts as an
+    all-zero leaf's does (above) if the step counter has moved on. One whose
     float32 squares overflow (entries from about 1e19) or all underflow
     gives the reference an infinite or zero norm; here the g-SNR is the
     formula's (taken on the leaf divided by a power of two).
@@ -321,7 +331,8 @@ def sgd_sai(
       :func:`optax.inject_hyperparams` a function arrives as one: list
       ``mask`` in its ``static_args``).
     normalize: divide every g-SNR by the largest one.
-    mu_dtype: dtype of the momentum buffer; by default the params' dtype.
+    mu_dtype: dtype of the momentum buffer; by default the params' dtype. A
+      real one is made complex for complex leaves.
       The g-SNR is always computed and kept in float32. A wider ``mu_dtype``
       also holds the gradient times its g-SNR on its way into the buffer: with
       float16 params, pass ``jnp.float32`` (a g-SNR of 1e3 times a gradient of
