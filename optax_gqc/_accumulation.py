@@ -451,13 +451,15 @@ def accumulate(
     step = ok & (gate_step | forced)
     _checks.check_global_decision(grad_sq, step, axis_name)
 
+    # The step's factor, a scalar of n: a bad one zeroes the update (and counts).
+    scale, bad_scale = (
+        (None, False) if scale_by_draws is None else _scale(scale_by_draws, stats.num_draws)
+    )
+
     # One cond: the inner optimizer runs in the step branch alone. The large
     # buffers are operands, not closures, so XLA updates them in place and
     # copies nothing; the scalars after it read the decision back from the
     # cond (`stepped`, equal to `step`) rather than recompute the gate's.
-    scale, bad_scale = (
-        (None, False) if scale_by_draws is None else _scale(scale_by_draws, stats.num_draws)
-    )
     do_step, do_accumulate = _branches(
         inner, extra_args, scale, stats.num_draws, updates, state, params, apply
     )

@@ -303,6 +303,8 @@ def batch_size_at_least(logical_batch_size: optax.ScalarOrSchedule, microbatch_s
 
   Args:
     logical_batch_size: examples per optimizer step, constant or a schedule.
+      A constant below one microbatch is refused (it would step on every
+      microbatch: a count of microbatches given where examples are meant).
       No batch reaches an infinite one: a schedule's inf, as its NaN or a
       negative value, keeps the gate closed and counts in
       ``num_bad_hyperparams``.
