@@ -490,7 +490,9 @@ def _resized(state: AccumulateState, microbatch_size: jax.Array) -> AccumulateSt
 
   The trace EMA is kept per microbatch: in microbatches ``new / old`` times as
   large it reads ``old / new`` times as much, so that the noise scale in
-  examples carries over. Where either size is not above 0 it is kept.
+  examples carries over. Where either size is not above 0 it is kept. The
+  microbatches of an accumulation under way when the size changes enter its
+  step's estimate as they are, in mixed units.
   """
   old, new = state.microbatch_size, jnp.asarray(microbatch_size, jnp.int32)
   both = (old > 0) & (new > 0)

@@ -11,6 +11,8 @@ from optax_gqc import _checks, gates
 from optax_gqc._accumulation import AccumulationTransformation, accumulate
 from optax_gqc._scale_to_norm import scale_to_norm
 
+_NOISE_DECAY = 0.99  # accumulate's default, given where the aliases' noise_decay is None
+
 
 def gnts(
     inner: optax.GradientTransformation,
@@ -23,7 +25,7 @@ def gnts(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
-    noise_decay: float = 0.99,
+    noise_decay: float | None = None,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None | str = 'default',
     axis_name: Any = None,
 ) -> AccumulationTransformation:
@@ -93,7 +95,8 @@ def gnts(
     skip_nonfinite: reject microbatches with a non-finite gradient norm.
     noise_decay: the EMA decay of the noise-scale estimates, which the
       noise-following batch reads (see :func:`optax_gqc.accumulate`), in
-      [0, 1).
+      [0, 1); None for 0.99 (a default that ``optax.inject_hyperparams``
+      leaves alone, where it would cast a number to the params' dtype).
     scale_by_draws: a function of :math:`n` that multiplies the inner update
       of a step that averaged :math:`n` microbatches (see
       :func:`optax_gqc.accumulate`); by default ``jnp.sqrt`` in the
@@ -203,7 +206,7 @@ def gnts(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
-      noise_decay=noise_decay,
+      noise_decay=_NOISE_DECAY if noise_decay is None else noise_decay,
       scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
@@ -217,7 +220,7 @@ def sbc(
     max_draws: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
-    noise_decay: float = 0.99,
+    noise_decay: float | None = None,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
 ) -> AccumulationTransformation:
@@ -271,7 +274,7 @@ def sbc(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
-      noise_decay=noise_decay,
+      noise_decay=_NOISE_DECAY if noise_decay is None else noise_decay,
       scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
@@ -287,7 +290,7 @@ def noise_ratio_accumulation(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
-    noise_decay: float = 0.99,
+    noise_decay: float | None = None,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
 ) -> AccumulationTransformation:
@@ -324,7 +327,7 @@ def noise_ratio_accumulation(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
-      noise_decay=noise_decay,
+      noise_decay=_NOISE_DECAY if noise_decay is None else noise_decay,
       scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
@@ -344,7 +347,7 @@ def mht(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
-    noise_decay: float = 0.99,
+    noise_decay: float | None = None,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
 ) -> AccumulationTransformation:
@@ -386,7 +389,7 @@ def mht(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
-      noise_decay=noise_decay,
+      noise_decay=_NOISE_DECAY if noise_decay is None else noise_decay,
       scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )
@@ -400,7 +403,7 @@ def norm_test_accumulation(
     microbatch_size: int | None = None,
     accumulator_dtype: Any = None,
     skip_nonfinite: bool = True,
-    noise_decay: float = 0.99,
+    noise_decay: float | None = None,
     scale_by_draws: Callable[[jax.Array], jax.Array] | None = None,
     axis_name: Any = None,
 ) -> AccumulationTransformation:
@@ -433,7 +436,7 @@ def norm_test_accumulation(
       microbatch_size=microbatch_size,
       accumulator_dtype=accumulator_dtype,
       skip_nonfinite=skip_nonfinite,
-      noise_decay=noise_decay,
+      noise_decay=_NOISE_DECAY if noise_decay is None else noise_decay,
       scale_by_draws=scale_by_draws,
       axis_name=axis_name,
   )

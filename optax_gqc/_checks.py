@@ -310,7 +310,9 @@ def check_decision(step: Any, who: str) -> None:
 def check_accumulator_dtype(dtype: Any) -> None:
   """Raises unless ``dtype`` is None or a float dtype with at least float32's range."""
   check_float_dtype('accumulator_dtype', dtype)
-  if dtype is not None and jnp.dtype(dtype) != jax.dtypes.canonicalize_dtype(dtype):
+  # Python's float and complex are JAX's default dtypes, float32 without x64: not refused.
+  explicit = dtype is not None and dtype not in (float, complex)
+  if explicit and jnp.dtype(dtype) != jax.dtypes.canonicalize_dtype(dtype):
     raise ValueError(
         f'accumulator_dtype {jnp.dtype(dtype)} needs 64-bit JAX, which is off: JAX would make '
         f'{jax.dtypes.canonicalize_dtype(dtype)} arrays. Turn it on first, '

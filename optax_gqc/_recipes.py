@@ -76,10 +76,12 @@ def _check_optimizer(optimizer: Any, names: Any) -> None:
             "of torch's SGD and Adam, a factory that chains optax.add_decayed_weights("
             'weight_decay) before it (docs/migration.md)'
         )
-      elif name in inspect.signature(accumulate).parameters:  # a gnr recipe's optimizer_kwargs
+      elif name in inspect.signature(accumulate).parameters:  # not a recipe's argument
         hint = (
-            f"{name} is an accumulation's argument, and GNR accumulates nothing: it rescales "
-            'the gradient of every microbatch and steps on each'
+            f"{name} is an accumulation's argument that this recipe does not take. A GNR "
+            'recipe accumulates nothing: it rescales the gradient of every microbatch and '
+            'steps on each. The others keep noise_decay at 0.99: for another, build the run '
+            'with scheduled_accumulation'
         )
       else:
         hint = 'schedule only arguments that it takes'

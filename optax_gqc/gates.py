@@ -326,7 +326,11 @@ def batch_size_at_least(logical_batch_size: optax.ScalarOrSchedule, microbatch_s
         'logical_batch_size is inf: no batch reaches it, so the gate never opens. Pass a finite '
         'logical_batch_size (for a step every k microbatches, k * microbatch_size)'
     )
-  if size is not None and not isinstance(microbatch_size, jax.Array) and size < microbatch_size:
+  if (
+      size is not None
+      and not isinstance(microbatch_size, jax.core.Tracer)
+      and size < microbatch_size
+  ):
     raise ValueError(
         f'logical_batch_size ({size:g}) is under one microbatch of {microbatch_size} examples, '
         'so every microbatch would step: a logical batch is in examples. Pass k * '

@@ -155,6 +155,14 @@ def test_complex_sbc_matches_multisteps():
     chex.assert_trees_all_close(p, p_ref, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize('dtype, expected', [(float, jnp.float32), (complex, jnp.complex64)])
+def test_python_float_as_accumulator_dtype_is_jaxs_default(dtype, expected):
+  # jnp.zeros(2, float) is float32 without x64: float means the default, not float64.
+  tx = optax_gqc.sbc(optax.sgd(0.1), 2, 1, accumulator_dtype=dtype)
+  params = {'w': jnp.zeros(2)}
+  assert tx.init(params).accumulator['w'].dtype == expected
+
+
 def test_float64_under_x64_is_the_inner_optimizer():
   with jax.enable_x64(True):
     params = {'w': jnp.array([1.0, 2.0, -3.0], jnp.float64)}

@@ -195,3 +195,18 @@ def test_noise_decay_reaches_the_engine(make):
 
   assert noise_weight(noise_decay=0.0) == 1.0  # 1 - 0**k: the last estimate alone
   assert 0.0 < noise_weight() < 0.1  # 1 - 0.99**k after a few steps
+
+
+@pytest.mark.parametrize('dtype', [jnp.complex64, jnp.bfloat16])
+def test_inject_hyperparams_leaves_the_default_noise_decay_alone(dtype):
+  # A float default would be injected and cast to the params' dtype: complex
+  # refused, bfloat16 0.98828125.
+  params = {'w': jnp.zeros(3, dtype)}
+  tx = optax.inject_hyperparams(optax_gqc.sbc)(
+      optax.sgd(0.1), logical_batch_size=16, microbatch_size=8
+  )
+  state = tx.init(params)
+  assert 'noise_decay' not in state.hyperparams
+  for i in range(2):
+    _, state = jax.jit(tx.update)({'w': (jnp.arange(3.0) * (i + 1)).astype(dtype)}, state, params)
+  assert float(state.inner_state.noise.weight) == pytest.approx(0.01, rel=1e-6)

@@ -262,6 +262,12 @@ AT_CONSTRUCTION = {
         r'logical_batch_size \(4\) is under one microbatch of 32 examples',
         r'Pass k \* microbatch_size for a step every k microbatches',
     ),
+    'sbc batch under one microbatch given as an array': (
+        lambda: optax_gqc.sbc(sgd(), 4, jnp.asarray(32)),
+        ValueError,
+        r'logical_batch_size \(4\) is under one microbatch of 32 examples',
+        r'Pass k \* microbatch_size',
+    ),
     'batch_size_at_least of 0': (
         lambda: gates.batch_size_at_least(0, 8),
         ValueError,

@@ -187,8 +187,13 @@ def test_every_recipe_has_torch_adamws_weight_decay_by_default(name):
 
 @pytest.mark.parametrize('name', ['max_draws', 'microbatch_size', 'skip_nonfinite'])
 def test_a_gnr_recipe_given_an_accumulations_argument_says_gnr_has_none(name):
-  with pytest.raises(TypeError, match=f"{name} is an accumulation's argument, and GNR"):
+  with pytest.raises(TypeError, match=f"{name} is an accumulation's argument.*A GNR recipe"):
     optax_gqc.gnr_with_cosine_schedule(1e-3, 1.0, 0.5, 100, 10, **{name: 8})
+
+
+def test_an_accumulating_recipe_given_noise_decay_names_scheduled_accumulation():
+  with pytest.raises(TypeError, match=r'keep noise_decay at 0.99.*scheduled_accumulation'):
+    optax_gqc.gnts_with_cosine_schedule(1e-3, 1000, 100, noise_decay=0.999)
 
 
 def _params_after(tx, grads):
