@@ -409,21 +409,22 @@ def main(argv=None) -> int:
   microbatches, counts = {}, {}
   for name, task in built_tasks.items():
     microbatches[name] = functools.cache(task.microbatches)  # drawn once, kept
-    counts[name] = count = jax.tree.leaves(microbatches[name](seeds[0]))[0].shape[0]
+    count = jax.tree.leaves(microbatches[name](seeds[0]))[0].shape[0]
     if count < args.evals * max(ks):
       parser.error(
           f'{name} has {count} microbatches, too few for --evals {args.evals} and k up to '
           f'{max(ks)}: lower either'
       )
+    counts[name] = count - count % args.evals  # what the study trains on
   for name in tasks if args.merge else ():  # what merge compares that --evals decides
     old = json.loads(Path(args.out, f'{name}.json').read_text()).get('microbatches')
-    if old is not None and old != counts[name] - counts[name] % args.evals:
+    if old is not None and old != counts[name]:
       parser.error(
           f'--merge: {name}.json trained on {old} microbatches and --evals {args.evals} gives '
-          f'{counts[name] - counts[name] % args.evals}: pass the --evals it was run with'
+          f'{counts[name]}: pass the --evals it was run with'
       )
   for name, task in built_tasks.items():
-    built = arms(counts[name] - counts[name] % args.evals)  # the ramps grow over the run's length
+    built = arms(counts[name])  # the ramps grow over the run's length
     chosen = {a: built[a] for a in names}
     start = time.perf_counter()
 

@@ -17,7 +17,7 @@ import optax
 
 from optax_gqc import _checks, _noise_scale
 from optax_gqc._noise_scale import NoiseScaleState
-from optax_gqc._numerics import count_if, kept_cond, one_kernel, rounded, sq_norm
+from optax_gqc._numerics import complex_for, count_if, kept_cond, one_kernel, rounded, sq_norm
 from optax_gqc.gates import DrawStats, Gate
 
 
@@ -175,9 +175,7 @@ def _one_microbatch_size(given: Any, gate_size: int | None) -> Any:
 def _accumulator_dtype(requested: Any, param: Any) -> Any:
   """float32 or wider by default; complex for complex parameters (a Python number's too)."""
   dtype = jnp.promote_types(jnp.float32, jnp.result_type(param)) if requested is None else requested
-  if jnp.iscomplexobj(param) and not jnp.issubdtype(dtype, jnp.complexfloating):
-    dtype = jnp.promote_types(dtype, jnp.complex64)
-  return dtype
+  return complex_for(dtype, param)
 
 
 def _check_accumulator_dtypes(accumulator: Any, requested: Any) -> None:

@@ -227,12 +227,13 @@ def check_draws_reach_batch(
 ) -> None:
   """Raises if ``max_draws`` would force every step before a constant batch is reached.
 
-  Schedules and traced values pass: their largest value is not known here.
+  Schedules and traced values pass: their largest value is not known here. An
+  infinite batch is the gate's to refuse (``gates.batch_size_at_least``).
   """
   if callable(logical_batch_size):
     return
   size = concrete_float(name, logical_batch_size)
-  if max_draws is None or size is None or math.isinf(size):
+  if max_draws is None or size is None:
     return
   if isinstance(max_draws, jax.core.Tracer) or isinstance(microbatch_size, jax.core.Tracer):
     return

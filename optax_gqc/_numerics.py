@@ -18,6 +18,13 @@ def widened(x: jax.Array) -> jax.Array:
   return x.astype(jnp.complex64 if jnp.iscomplexobj(x) else jnp.float32)
 
 
+def complex_for(dtype: Any, param: Any) -> Any:
+  """``dtype``, made complex for a complex ``param``: a real one would drop its imaginary part."""
+  if jnp.iscomplexobj(param) and not jnp.issubdtype(dtype, jnp.complexfloating):
+    return jnp.promote_types(dtype, jnp.complex64)
+  return dtype
+
+
 def sq_abs(x: jax.Array) -> jax.Array:
   """``|x|^2`` in float32 (complex leaves included)."""
   x = widened(x)

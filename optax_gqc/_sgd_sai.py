@@ -14,7 +14,7 @@ import numpy as np
 import optax
 
 from optax_gqc import _checks
-from optax_gqc._numerics import power_of_two_near, sq_abs, widened
+from optax_gqc._numerics import complex_for, power_of_two_near, sq_abs, widened
 
 
 class ScaleByGsnrState(NamedTuple):
@@ -224,10 +224,7 @@ def _momentum(decay: Any, mu_dtype: Any | None = None) -> optax.GradientTransfor
   mu_dtype = None if mu_dtype is None else jax.dtypes.canonicalize_dtype(mu_dtype)
 
   def zeros(p):
-    dtype = mu_dtype
-    if dtype is not None and jnp.iscomplexobj(p) and not jnp.issubdtype(dtype, jnp.complexfloating):
-      dtype = jnp.promote_types(dtype, jnp.complex64)
-    return jnp.zeros_like(p, dtype=dtype)
+    return jnp.zeros_like(p, dtype=None if mu_dtype is None else complex_for(mu_dtype, p))
 
   def init_fn(params):
     return SgdSaiMomentumState(count=jnp.zeros([], jnp.int32), mu=jax.tree.map(zeros, params))

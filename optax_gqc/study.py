@@ -95,9 +95,14 @@ def lr_schedule(peak: Any, count: int, warmup: float = 0.05, final: float = 0.1)
   _checks.check_positive('peak', peak, finite=True)  # a traced one passes
   _check_fractions(warmup, final)
   shape = optax.warmup_cosine_decay_schedule(
-      0.0, 1.0, max(int(warmup * count), warmup > 0), max(count, 2), end_value=final
+      0.0, 1.0, _warmup_count(warmup, count), max(count, 2), end_value=final
   )
   return lambda t: peak * shape(t)
+
+
+def _warmup_count(warmup: float, count: int) -> int:
+  """:func:`lr_schedule`'s warmup in microbatches: at least one where ``warmup`` > 0."""
+  return max(int(warmup * count), warmup > 0)
 
 
 def fixed_batch(k: Any) -> Arm:
@@ -442,9 +447,7 @@ def frontier_study(
   first = _per_seed(microbatches, seeds[0] if seeds else 0)
   given = jax.tree.leaves(first)[0].shape[0]
   seeded = any(callable(x) for x in (params, microbatches))  # seeds that train differently
-  _check_args(
-      tuple(learning_rates), ks, tuple(seeds), evals, given, seeded, list(arms), warmup, final_lr
-  )
+  _check_args(learning_rates, ks, tuple(seeds), evals, given, seeded, list(arms), warmup, final_lr)
   count = given - given % evals  # evaluations evenly spaced: the rest is left out
 
   def program(arm):

@@ -159,7 +159,7 @@ def make_optimizer(
     # (and, with scale_by_draws, sqrt(1/c) times the step) instead of on one
     # microbatch with a step c times the peak. One microbatch during warmup.
     shape = lr_schedule(1.0, setup)
-    warm = max(int(setup.warmup * setup.count), setup.warmup > 0)  # as lr_schedule's
+    warm = study._warmup_count(setup.warmup, setup.count)  # as lr_schedule's
     max_draws = spec['max_draws']
     gate = gates.batch_size_at_least(
         lambda t: mb * jnp.where(t < warm, 1.0, jnp.minimum(1.0 / shape(t), max_draws)), mb
